@@ -1,0 +1,187 @@
+"""The run config: one schema for every key, validated before any training.
+
+Flower hands the ServerApp and each ClientApp `context.run_config`, a flat dict
+of TOML scalars (the `[tool.flwr.app.config]` table of `pyproject.toml` with
+the `--run-config` overrides applied). `validate` turns it into a complete,
+checked `RunConfig`; anything unknown, mistyped or out of range raises
+`ConfigError` naming the key and what is allowed.
+
+`pyproject.toml` must list every key below with the same default (Flower only
+accepts overrides of keys it already knows); `tests/test_config.py` checks it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping
+
+Scalar = bool | int | float | str
+
+
+class ConfigError(ValueError):
+    """A run-config key is unknown, of the wrong type or out of range."""
+
+
+@dataclass(frozen=True)
+class Key:
+    default: Scalar
+    doc: str
+    choices: tuple[Scalar, ...] | None = None
+    low: float | None = None  # inclusive unless low_open
+    high: float | None = None  # inclusive
+    low_open: bool = False
+
+    @property
+    def kind(self) -> type:
+        return type(self.default)
+
+    def allowed(self) -> str:
+        if self.choices is not None:
+            return "one of " + ", ".join(repr(c) for c in self.choices)
+        lo = "(" if self.low_open else "["
+        if self.low is not None and self.high is not None:
+            return f"a {self.kind.__name__} in {lo}{self.low}, {self.high}]"
+        if self.low is not None:
+            return f"a {self.kind.__name__} {'>' if self.low_open else '>='} {self.low}"
+        return f"a {self.kind.__name__}"
+
+
+DATASETS = (
+    "synthetic",  # generated FedProx Synthetic(alpha, beta): needs no files
+    "syn-iid", "syn-0-0", "syn-0.5-0.5", "syn-1-1",  # released Upcycled-FL federations
+    "mnist", "fashion-mnist", "cifar10", "adult",
+)
+MODELS = ("auto", "logreg", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "convnet", "adult-mlp")
+STRATEGIES = ("fedavg",)
+
+SCHEMA: dict[str, Key] = {
+    # run
+    "run-name": Key("", "name of the results folder; empty: <strategy>-<dataset>-<timestamp>"),
+    "seed": Key(0, "seed for data generation, client sampling and model init", low=0),
+    "strategy": Key("fedavg", "server algorithm", choices=STRATEGIES),
+    "num-rounds": Key(10, "number of FL rounds", low=1),
+    "num-clients": Key(2, "number of clients (= SuperNodes = data partitions) the server waits for", low=1),
+    "fraction-train": Key(1.0, "fraction of clients sampled each round", low=0.0, high=1.0, low_open=True),
+    "node-wait-timeout": Key(120.0, "seconds to wait for num-clients nodes before failing", low=0.0, low_open=True),
+    "round-timeout": Key(3600.0, "seconds to wait for the replies of one round", low=0.0, low_open=True),
+    # data
+    "dataset": Key("synthetic", "dataset", choices=DATASETS),
+    "data-dir": Key("", "folder holding dataset files; empty: $PRIVFED_DATA_DIR, else ./data"),
+    "partition": Key("iid", "how image/tabular data is split across clients "
+                     "(syn-* and synthetic are always split by their own owner column)",
+                     choices=("iid", "dirichlet", "classes")),
+    "dirichlet-alpha": Key(0.5, "Dirichlet concentration for partition = dirichlet", low=0.0, low_open=True),
+    "classes-per-client": Key(2, "labels per client for partition = classes", low=1),
+    "synthetic-alpha": Key(0.5, "Synthetic(alpha, beta): model heterogeneity", low=0.0),
+    "synthetic-beta": Key(0.5, "Synthetic(alpha, beta): data heterogeneity", low=0.0),
+    "synthetic-iid": Key(False, "Synthetic(iid): one global model, same feature distribution"),
+    "synthetic-dim": Key(60, "Synthetic feature dimension", low=1),
+    "synthetic-classes": Key(10, "Synthetic number of classes", low=2),
+    # model and local training
+    "model": Key("auto", "model; auto picks the dataset's usual one", choices=MODELS),
+    "local-epochs": Key(1, "local epochs per round", low=1),
+    "batch-size": Key(32, "local minibatch size", low=1),
+    "lr": Key(0.1, "local SGD learning rate", low=0.0, low_open=True),
+    "momentum": Key(0.0, "local SGD momentum (reset every round)", low=0.0, high=1.0),
+    "device": Key("auto", "where clients train", choices=("auto", "cpu", "cuda", "mps")),
+    # results
+    "results-dir": Key("results", "folder for results/<run-name>/; relative paths resolve "
+                       "against the ServerApp process's working directory"),
+}
+
+
+class RunConfig(Mapping[str, Scalar]):
+    """A validated, complete, read-only run config."""
+
+    def __init__(self, values: Mapping[str, Scalar]):
+        self._values = MappingProxyType(dict(values))
+
+    def __getitem__(self, key: str) -> Scalar:
+        if key not in self._values:
+            raise KeyError(_unknown_key_message(key))
+        return self._values[key]
+
+    def __iter__(self):
+        return iter(self._values)
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __repr__(self) -> str:
+        return f"RunConfig({dict(self._values)!r})"
+
+    def replace(self, **changes: Scalar) -> "RunConfig":
+        return validate({**self._values, **{k.replace("_", "-"): v for k, v in changes.items()}})
+
+
+def _unknown_key_message(key: str) -> str:
+    close = difflib.get_close_matches(key, SCHEMA, n=3)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    return f"unknown config key {key!r}.{hint} Known keys: {', '.join(sorted(SCHEMA))}"
+
+
+def _check_value(key: str, spec: Key, value: Any) -> Scalar:
+    kind = spec.kind
+    ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value, ok = float(value), True
+    if not ok:
+        raise ConfigError(
+            f"config key {key!r} must be {spec.allowed()}; got {value!r} ({type(value).__name__})"
+        )
+    if spec.choices is not None and value not in spec.choices:
+        raise ConfigError(f"config key {key!r} must be {spec.allowed()}; got {value!r}")
+    if spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low):
+        raise ConfigError(f"config key {key!r} must be {spec.allowed()}; got {value!r}")
+    if spec.high is not None and value > spec.high:
+        raise ConfigError(f"config key {key!r} must be {spec.allowed()}; got {value!r}")
+    return value
+
+
+def validate(raw: Mapping[str, Any]) -> RunConfig:
+    """Check every key of `raw` and fill in defaults; raise ConfigError on the first problem."""
+    unknown = [k for k in raw if k not in SCHEMA]
+    if unknown:
+        raise ConfigError(_unknown_key_message(unknown[0]))
+    values = {key: _check_value(key, spec, raw.get(key, spec.default)) for key, spec in SCHEMA.items()}
+    _check_combinations(values)
+    return RunConfig(values)
+
+
+def _check_combinations(v: Mapping[str, Scalar]) -> None:
+    if v["dataset"].startswith("syn-") and v["num-clients"] != 30:
+        raise ConfigError(
+            f"dataset {v['dataset']!r} is a released federation of exactly 30 clients; "
+            f"set num-clients = 30 (got {v['num-clients']})"
+        )
+
+
+def defaults() -> dict[str, Scalar]:
+    return {key: spec.default for key, spec in SCHEMA.items()}
+
+
+def load_preset(path: str | os.PathLike) -> dict[str, Scalar]:
+    """Read a preset TOML file (flat `key = value` overrides) and validate its keys."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"preset file not found: {path}")
+    with path.open("rb") as fh:
+        raw = tomllib.load(fh)
+    validate(raw)  # fail early, naming the bad key
+    return raw
+
+
+def resolve_data_dir(config: Mapping[str, Scalar]) -> Path:
+    """Where dataset files are read from, resolved in the process that reads them.
+
+    `data-dir` if set, else `$PRIVFED_DATA_DIR`, else `./data`; relative paths
+    resolve against this process's working directory (under `flwr run`: the
+    SuperLink's or SuperNode's, not the shell's; pass an absolute path there).
+    """
+    chosen = str(config["data-dir"]) or os.environ.get("PRIVFED_DATA_DIR", "") or "data"
+    return Path(chosen).expanduser().resolve()
