@@ -1,0 +1,28 @@
+"""The `privfed` command: one sub-command module each, registered here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+# Each module defines register(subparsers) and sets `func` on its parsers.
+SUBCOMMANDS = ("cli.privacy",)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    import importlib
+
+    parser = argparse.ArgumentParser(prog="privfed", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in SUBCOMMANDS:
+        importlib.import_module(name).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
