@@ -1,0 +1,76 @@
+"""The Synthetic(alpha, beta) federations released with Upcycled-FL, with their exact clients.
+
+Files: `<data-dir>/fedprox-synthetic/syn_{iid,0_0,0.5_0.5,1_1}.npz` (see
+`data/README.md`), each with arrays x_train (n, 20) float64, y_train (n,) int64,
+client_train (n,) int64 in 0..29, and x_test, y_test, client_test for every
+client's own 10% test split.
+
+Client k of the federation is owner value k (the `natural` partition), with
+its samples in file order; the pooled test set is the file's x_test/y_test in
+file order. Features are cast to float32 like every other dataset (a relative
+change below 6e-8; the paper's models train in float32 anyway). There are
+always 30 clients, 20 features and 2 classes; anything else raises ValueError.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from .errors import require_file
+from .federation import ClientData, Federation
+from .partition import natural
+
+FOLDER = "fedprox-synthetic"
+FILES = {
+    "syn-iid": "syn_iid.npz",
+    "syn-0-0": "syn_0_0.npz",
+    "syn-0.5-0.5": "syn_0.5_0.5.npz",
+    "syn-1-1": "syn_1_1.npz",
+}
+NUM_CLIENTS, NUM_FEATURES, NUM_CLASSES = 30, 20, 2
+ARRAYS = ("x_train", "y_train", "client_train", "x_test", "y_test", "client_test")
+_HINT = ("These files are the Upcycled-FL authors' released Synthetic federations converted to "
+         ".npz (see data/README.md, section 4); they cannot be downloaded by privfed. Copy the "
+         "fedprox-synthetic/ folder from a machine that has it, or use dataset = \"synthetic\" "
+         "to generate a federation from a seed.")
+
+
+def load_released(name: str, data_dir: str | Path) -> Federation:
+    """Load released federation `name` ("syn-iid", "syn-0-0", "syn-0.5-0.5" or "syn-1-1")."""
+    if name not in FILES:
+        raise ValueError(f"unknown released federation {name!r}; expected one of {list(FILES)}")
+    path = require_file(Path(data_dir) / FOLDER / FILES[name], name, hint=_HINT)
+    with np.load(path, allow_pickle=False) as d:
+        missing = [a for a in ARRAYS if a not in d.files]
+        if missing:
+            raise ValueError(f"{path}: missing arrays {missing}; has {sorted(d.files)}")
+        a = {k: d[k] for k in ARRAYS}
+    for part in ("train", "test"):
+        x, y, owner = a[f"x_{part}"], a[f"y_{part}"], a[f"client_{part}"]
+        if x.ndim != 2 or x.shape[1] != NUM_FEATURES or not (len(x) == len(y) == len(owner)):
+            raise ValueError(f"{path}: {part} arrays have shapes {x.shape}, {y.shape}, {owner.shape}; "
+                             f"expected (n, {NUM_FEATURES}), (n,), (n,)")
+        if set(np.unique(owner).tolist()) != set(range(NUM_CLIENTS)):
+            raise ValueError(f"{path}: client_{part} must hold every client id 0..{NUM_CLIENTS - 1}")
+        if not set(np.unique(y).tolist()) <= set(range(NUM_CLASSES)):
+            raise ValueError(f"{path}: y_{part} has labels outside 0..{NUM_CLASSES - 1}")
+
+    x_train, y_train = a["x_train"].astype(np.float32), a["y_train"].astype(np.int64)
+    x_test, y_test = a["x_test"].astype(np.float32), a["y_test"].astype(np.int64)
+    train_parts, test_parts = natural(a["client_train"]), natural(a["client_test"])
+    clients = [
+        ClientData(x_train[tr], y_train[tr], x_test[te], y_test[te])
+        for tr, te in zip(train_parts, test_parts)
+    ]
+    return Federation(
+        clients=clients,
+        x_test=x_test,
+        y_test=y_test,
+        input_shape=(NUM_FEATURES,),
+        num_classes=NUM_CLASSES,
+        description=f"released Upcycled-FL federation {name} ({path.name}): {NUM_CLIENTS} clients, "
+                    f"{len(y_train)} train + {len(y_test)} test samples",
+        meta={"dataset": name, "file": str(path), "partition": "natural"},
+    )

@@ -1,0 +1,73 @@
+"""The only place that converts between tensors and Flower records.
+
+Models travel as an `ArrayRecord` of their `state_dict` (key order kept), so a
+reply's arrays map back onto the same module by name.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+NUM_EXAMPLES = "num-examples"
+
+
+def model_to_arrays(model: torch.nn.Module) -> ArrayRecord:
+    return ArrayRecord(OrderedDict((k, v.detach().cpu()) for k, v in model.state_dict().items()))
+
+
+def arrays_to_state_dict(arrays: ArrayRecord) -> "OrderedDict[str, torch.Tensor]":
+    return OrderedDict((k, torch.from_numpy(np.array(a.numpy(), copy=True))) for k, a in arrays.items())
+
+
+def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
+    """Copy `arrays` into `model`; raise ValueError on a missing, extra or misshapen entry."""
+    state = model.state_dict()
+    incoming = arrays_to_state_dict(arrays)
+    if incoming.keys() != state.keys():
+        missing, extra = state.keys() - incoming.keys(), incoming.keys() - state.keys()
+        raise ValueError(f"arrays do not match the model: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    for key, tensor in incoming.items():
+        if tensor.shape != state[key].shape:
+            raise ValueError(f"array {key!r} has shape {tuple(tensor.shape)}, model expects {tuple(state[key].shape)}")
+    model.load_state_dict(incoming)
+
+
+def arrays_to_vector(arrays: ArrayRecord) -> np.ndarray:
+    """All arrays flattened into one float64 vector (in record order)."""
+    return np.concatenate([np.asarray(a.numpy(), dtype=np.float64).ravel() for a in arrays.values()])
+
+
+def vector_to_arrays(vector: np.ndarray, like: ArrayRecord) -> ArrayRecord:
+    """Inverse of `arrays_to_vector`, shaped and typed like `like`."""
+    out, offset = OrderedDict(), 0
+    for key, array in like.items():
+        ref = array.numpy()
+        out[key] = np.asarray(vector[offset: offset + ref.size], dtype=ref.dtype).reshape(ref.shape)
+        offset += ref.size
+    if offset != len(vector):
+        raise ValueError(f"vector has {len(vector)} entries, arrays need {offset}")
+    return ArrayRecord(out)
+
+
+def arrays_nbytes(arrays: ArrayRecord) -> int:
+    return sum(a.numpy().nbytes for a in arrays.values())
+
+
+def recorddict_nbytes(content: RecordDict) -> int:
+    """Payload bytes of a message: arrays plus scalars (8 bytes each) and strings."""
+    total = 0
+    for record in content.values():
+        if isinstance(record, ArrayRecord):
+            total += arrays_nbytes(record)
+        elif isinstance(record, (ConfigRecord, MetricRecord)):
+            for value in record.values():
+                values = value if isinstance(value, list) else [value]
+                total += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in values)
+    return total

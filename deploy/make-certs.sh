@@ -1,0 +1,162 @@
+#!/usr/bin/env bash
+# Make the TLS and node-authentication material for a privfed deployment.
+#
+#   deploy/make-certs.sh [-o DIR] [-n NUM_NODES] [--san SAN]... [--docker] [--force]
+#
+# Writes into DIR (default: deploy/certs next to this script):
+#   ca.crt, ca.key            a private certificate authority (EC P-384, 10 years)
+#   server.pem, server.key    the SuperLink certificate, signed by the CA, with
+#                             subjectAltName = DNS:localhost, IP:127.0.0.1 plus every
+#                             --san (e.g. --san DNS:superlink --san IP:10.0.0.5)
+#   server.san                the SAN list the certificate was made for
+#   supernode-I.key           SuperNode I's private key (OpenSSH format, ECDSA P-384),
+#   supernode-I.pub           and its public key, for I = 1..NUM_NODES (default 3):
+#                             `flwr supernode register supernode-I.pub <connection>`
+#                             on the SuperLink side, `--auth-supernode-private-key
+#                             supernode-I.key` on the SuperNode side.
+#
+# Idempotent: an existing CA and existing node keys are kept; the SuperLink
+# certificate is re-issued only when the requested SANs changed, it no longer
+# verifies against the CA, or --force is given (--force re-issues the server
+# certificate only; delete the folder to start from scratch).
+#
+# --docker makes server.key and supernode-*.key readable by the containers'
+# non-root user (uid 49999 in the official flwr images; compose bind-mounts each
+# file on its own). The folder itself stays 0700, so on the host only you can
+# reach them. ca.key always stays 0600 and is never mounted anywhere.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+out="$here/certs"
+num_nodes=3
+docker_mode=0
+force=0
+extra_sans=()
+
+usage() { sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        -o|--out) out="$2"; shift 2 ;;
+        -n|--num-nodes) num_nodes="$2"; shift 2 ;;
+        --san) extra_sans+=("$2"); shift 2 ;;
+        --docker) docker_mode=1; shift ;;
+        --force) force=1; shift ;;
+        -h|--help) usage; exit 0 ;;
+        *) echo "make-certs.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+if ! [[ "$num_nodes" =~ ^[0-9]+$ ]]; then
+    echo "make-certs.sh: --num-nodes must be a non-negative integer, got '$num_nodes'" >&2
+    exit 2
+fi
+for s in "${extra_sans[@]+"${extra_sans[@]}"}"; do
+    if ! [[ "$s" =~ ^(DNS|IP):[^,[:space:]]+$ ]]; then
+        echo "make-certs.sh: --san takes DNS:<name> or IP:<address>, got '$s'" >&2
+        exit 2
+    fi
+done
+command -v openssl >/dev/null || { echo "make-certs.sh: openssl not found" >&2; exit 1; }
+
+umask 077
+mkdir -p "$out"
+chmod 700 "$out"
+cd "$out"
+
+# SAN list: defaults first, then extras, without duplicates, comma separated.
+sans="DNS:localhost,IP:127.0.0.1"
+for s in "${extra_sans[@]+"${extra_sans[@]}"}"; do
+    case ",$sans," in *",$s,"*) ;; *) sans="$sans,$s" ;; esac
+done
+
+# --- CA ------------------------------------------------------------------
+if [[ -s ca.key && -s ca.crt ]]; then
+    echo "CA: keeping $out/ca.crt"
+else
+    openssl ecparam -name secp384r1 -genkey -noout -out ca.key
+    openssl req -x509 -new -key ca.key -sha384 -days 3650 \
+        -subj "/O=privfed/CN=privfed deployment CA" \
+        -addext "basicConstraints=critical,CA:TRUE" \
+        -addext "keyUsage=critical,keyCertSign,cRLSign" \
+        -addext "subjectKeyIdentifier=hash" \
+        -out ca.crt
+    rm -f server.pem server.san  # a new CA invalidates the old server certificate
+    echo "CA: created $out/ca.crt"
+fi
+
+# --- SuperLink certificate -------------------------------------------------
+reissue=$force
+if [[ ! -s server.pem || ! -s server.key || ! -s server.san ]]; then
+    reissue=1
+elif [[ "$(cat server.san)" != "$sans" ]]; then
+    reissue=1
+elif ! openssl verify -CAfile ca.crt server.pem >/dev/null 2>&1; then
+    reissue=1
+fi
+if [[ $reissue == 1 ]]; then
+    [[ -s server.key ]] || openssl ecparam -name secp384r1 -genkey -noout -out server.key
+    ext="$(mktemp)"
+    trap 'rm -f "$ext" server.csr' EXIT
+    cat >"$ext" <<EOF
+basicConstraints = critical, CA:FALSE
+keyUsage = critical, digitalSignature
+extendedKeyUsage = serverAuth
+subjectKeyIdentifier = hash
+authorityKeyIdentifier = keyid, issuer
+subjectAltName = $sans
+EOF
+    openssl req -new -key server.key -sha384 -subj "/O=privfed/CN=privfed SuperLink" -out server.csr
+    openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+        -sha384 -days 825 -extfile "$ext" -out server.pem 2>/dev/null
+    rm -f server.csr ca.srl
+    printf '%s\n' "$sans" >server.san
+    echo "SuperLink certificate: issued $out/server.pem for $sans"
+else
+    echo "SuperLink certificate: keeping $out/server.pem ($sans)"
+fi
+openssl verify -CAfile ca.crt server.pem >/dev/null
+
+# --- SuperNode key pairs ---------------------------------------------------
+make_node_key() {  # $1 = basename without extension
+    if command -v ssh-keygen >/dev/null; then
+        ssh-keygen -q -t ecdsa -b 384 -N "" -C "privfed-$1" -f "$1.key"
+        mv "$1.key.pub" "$1.pub"
+    else
+        # Same format without OpenSSH: cryptography ships with flwr.
+        python3 - "$1" <<'EOF'
+import sys
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+name = sys.argv[1]
+key = ec.generate_private_key(ec.SECP384R1())
+with open(f"{name}.key", "wb") as f:
+    f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                              serialization.NoEncryption()))
+with open(f"{name}.pub", "wb") as f:
+    f.write(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                          serialization.PublicFormat.OpenSSH)
+            + f" privfed-{name}\n".encode())
+EOF
+    fi
+}
+for ((i = 1; i <= num_nodes; i++)); do
+    name="supernode-$i"
+    if [[ -s "$name.key" && -s "$name.pub" ]]; then
+        echo "SuperNode key $i: keeping $out/$name.key"
+    else
+        rm -f "$name.key" "$name.pub"
+        make_node_key "$name"
+        echo "SuperNode key $i: created $out/$name.key (+ .pub)"
+    fi
+done
+
+# --- permissions -------------------------------------------------------------
+chmod 600 ca.key
+chmod 644 ca.crt server.pem server.san ./*.pub 2>/dev/null || true
+if [[ $docker_mode == 1 ]]; then
+    chmod 644 server.key supernode-*.key 2>/dev/null || true
+    echo "--docker: server.key and supernode-*.key are readable by container users; $out stays 0700"
+else
+    chmod 600 server.key supernode-*.key 2>/dev/null || true
+fi

@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Start a Flower SuperLink for privfed with TLS and SuperNode authentication.
+# Runs in the foreground (exec), so `start-superlink.sh ... &` gives you its PID.
+#
+#   deploy/start-superlink.sh [--certs DIR] [--host HOST] [--port PORT]
+#                             [--flwr-home DIR] [--database FILE] [--workdir DIR]
+#                             [--log-file FILE] [--insecure]
+#
+#   --certs DIR      folder written by deploy/make-certs.sh (default: deploy/certs);
+#                    uses ca.crt, server.pem, server.key
+#   --host HOST      address to bind; 127.0.0.1 (default) for one host, 0.0.0.0 when
+#                    SuperNodes run on other hosts (their address must be one of
+#                    the certificate's SANs: make-certs.sh --san)
+#   --port PORT      the one HTTP(S) port serving the Fleet, Control and Runtime
+#                    APIs (default 8000)
+#   --flwr-home DIR  this SuperLink's FLWR_HOME (default: $FLWR_HOME, else ~/.flwr)
+#   --database FILE  SQLite file for the SuperLink state (registered node keys,
+#                    runs); default $FLWR_HOME/superlink.db. ':flwr-in-memory:'
+#                    keeps it in memory (then registrations vanish on restart).
+#   --workdir DIR    working directory of the SuperLink, and hence of the ServerApp
+#                    processes it spawns: relative run-config paths such as
+#                    results-dir=results resolve against it (default: current dir)
+#   --insecure       plain HTTP and no node authentication (debugging only)
+#
+# Flower's own environment switches are set for offline use: no update check,
+# no telemetry, no runtime dependency installation (install the app's
+# dependencies into this Python environment beforehand: pip install -e .).
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+certs="$here/certs"
+host=127.0.0.1
+port=8000
+flwr_home="${FLWR_HOME:-$HOME/.flwr}"
+database=""
+workdir="$PWD"
+log_file=""
+insecure=0
+
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        --certs) certs="$2"; shift 2 ;;
+        --host) host="$2"; shift 2 ;;
+        --port) port="$2"; shift 2 ;;
+        --flwr-home) flwr_home="$2"; shift 2 ;;
+        --database) database="$2"; shift 2 ;;
+        --workdir) workdir="$2"; shift 2 ;;
+        --log-file) log_file="$2"; shift 2 ;;
+        --insecure) insecure=1; shift ;;
+        -h|--help) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "start-superlink.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
+    esac
+done
+
+command -v flower-superlink >/dev/null || {
+    echo "start-superlink.sh: flower-superlink not found; activate the environment where privfed is installed" >&2
+    exit 1
+}
+
+mkdir -p "$flwr_home"
+flwr_home="$(cd "$flwr_home" && pwd)"
+[[ -n "$database" ]] || database="$flwr_home/superlink.db"
+export FLWR_HOME="$flwr_home"
+export FLWR_DISABLE_UPDATE_CHECK=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+
+args=(--host "$host" --port "$port" --database "$database" --disable-runtime-dependency-installation)
+[[ -n "$log_file" ]] && args+=(--log-file "$log_file")
+if [[ $insecure == 1 ]]; then
+    args+=(--insecure)
+else
+    certs="$(cd "$certs" && pwd)"
+    for f in ca.crt server.pem server.key; do
+        [[ -s "$certs/$f" ]] || { echo "start-superlink.sh: $certs/$f missing; run deploy/make-certs.sh" >&2; exit 1; }
+    done
+    args+=(--ssl-ca-certfile "$certs/ca.crt" --ssl-certfile "$certs/server.pem"
+           --ssl-keyfile "$certs/server.key" --enable-supernode-auth)
+fi
+
+cd "$workdir"
+exec flower-superlink "${args[@]}"

@@ -1,0 +1,170 @@
+"""A Flower `Grid` that delivers each message straight to a `ClientApp` in this
+process: no SuperLink, no pollers, no sleeps.
+
+Each node has its own `Context` (node id, `node_config` with `partition-id` /
+`num-partitions`, a `state` that persists across messages, the run config),
+as Flower's simulation engine gives it. Replies carry the metadata Flower's
+runtime would set (message id, src/dst node ids, reply-to id), and a ClientApp
+exception becomes an error reply, never an exception in the server.
+
+`workers = 1` runs clients one after another in this process. `workers = N`
+runs them in N worker processes; each node is pinned to one worker so its
+`Context.state` lives on between messages.
+"""
+
+from __future__ import annotations
+
+import importlib
+import multiprocessing
+import traceback
+from concurrent.futures import Future, ProcessPoolExecutor, wait
+from typing import Iterable
+from uuid import uuid4
+
+import numpy as np
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+
+def load_client_app(spec: str):
+    """'module:attribute' -> the ClientApp object."""
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr or "app")
+
+
+def node_ids_for(run_id: int, num_nodes: int) -> list[int]:
+    """Distinct, non-contiguous 63-bit ids (as Flower's), fixed by the run id."""
+    rng = np.random.default_rng([run_id, 0x6E6F6465])
+    ids: list[int] = []
+    while len(ids) < num_nodes:
+        candidate = int(rng.integers(2, 2**63 - 1))
+        if candidate not in ids and candidate != SUPERLINK_NODE_ID:
+            ids.append(candidate)
+    return ids
+
+
+def deliver(client_app, message: Message, context: Context) -> Message:
+    """Run the ClientApp on one message, as Flower's runtime does."""
+    try:
+        reply = client_app(message, context)
+    except Exception as ex:  # a client failure is a reply, not a server crash
+        reason = f"{type(ex)}:<'{ex}'>\n{traceback.format_exc(limit=8)}"
+        reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+    reply.metadata.__dict__["_message_id"] = str(uuid4())
+    return reply
+
+
+# --- worker processes ---------------------------------------------------------
+_worker_app = None
+_worker_contexts: dict[int, Context] = {}
+
+
+def _worker_init(app_spec: str, contexts: dict[int, Context], threads: int) -> None:
+    import torch
+
+    global _worker_app
+    torch.set_num_threads(threads)
+    _worker_app = load_client_app(app_spec)
+    _worker_contexts.update(contexts)
+
+
+def _worker_deliver(message: Message) -> Message:
+    return deliver(_worker_app, message, _worker_contexts[message.metadata.dst_node_id])
+
+
+class InProcessGrid(Grid):
+    def __init__(self, client_app_spec: str, run_config: dict, num_nodes: int, *, run_id: int = 1,
+                 workers: int = 1):
+        self.run_id, self.workers = run_id, workers
+        self.node_ids = node_ids_for(run_id, num_nodes)
+        self.contexts = {
+            node: Context(run_id=run_id, node_id=node,
+                          node_config={"partition-id": i, "num-partitions": num_nodes},
+                          state=RecordDict(), run_config=dict(run_config))
+            for i, node in enumerate(self.node_ids)
+        }
+        self._replies: dict[str, Message | Future] = {}
+        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SUPERLINK_NODE_ID, run_id
+        self._pools: list[ProcessPoolExecutor] = []
+        if workers > 1:
+            self._start_workers(client_app_spec)
+        else:
+            self.client_app = load_client_app(client_app_spec)
+
+    def _start_workers(self, spec: str) -> None:
+        ctx = multiprocessing.get_context("spawn")  # torch and fork do not mix
+        threads = max(1, (multiprocessing.cpu_count() or 1) // self.workers)
+        self._pool_of: dict[int, ProcessPoolExecutor] = {}
+        for w in range(self.workers):
+            mine = {n: c for i, (n, c) in enumerate(self.contexts.items()) if i % self.workers == w}
+            pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker_init, initargs=(spec, mine, threads))
+            self._pools.append(pool)
+            self._pool_of.update({n: pool for n in mine})
+
+    def close(self) -> None:
+        for pool in self._pools:
+            pool.shutdown(cancel_futures=True)
+        self._pools.clear()
+
+    def __enter__(self) -> "InProcessGrid":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # Grid interface -------------------------------------------------------
+    def set_run(self, run_id: int) -> None:
+        self.run_id = run_id
+
+    @property
+    def run(self):
+        return self.run_id
+
+    def create_message(self, content: RecordDict, message_type: str, dst_node_id: int, group_id: str,
+                       ttl: float | None = None) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_ids)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            if node not in self.contexts:
+                raise ValueError(f"message addressed to unknown node {node}")
+            msg_id = str(uuid4())
+            msg.metadata.__dict__["_message_id"] = msg_id
+            msg.metadata.__dict__["_run_id"] = self.run_id
+            msg.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+            if self._pools:
+                self._replies[msg_id] = self._pool_of[node].submit(_worker_deliver, msg)
+            else:
+                self._replies[msg_id] = deliver(self.client_app, msg, self.contexts[node])
+            ids.append(msg_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        out = []
+        for msg_id in message_ids:
+            reply = self._replies.get(msg_id)
+            if isinstance(reply, Future):
+                if not reply.done():
+                    continue
+                reply = reply.result()
+            if reply is not None:
+                out.append(reply)
+                del self._replies[msg_id]
+        return out
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        ids = list(self.push_messages(messages))
+        pending = [self._replies[i] for i in ids if isinstance(self._replies[i], Future)]
+        if pending:
+            wait(pending, timeout=timeout)
+        replies = list(self.pull_messages(ids))
+        for msg_id in ids:  # replies that missed the timeout are dropped, as in Flower
+            self._replies.pop(msg_id, None)
+        return replies

@@ -1,0 +1,93 @@
+"""Per-round metrics, the run summary and plots, under results/<run-name>/."""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+PACKAGES = ("privfed", "flwr", "torch", "numpy", "opacus", "dp-accounting", "cryptography")
+
+
+def package_versions() -> dict[str, str]:
+    versions = {"python": platform.python_version()}
+    for name in PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = "not installed"
+    return versions
+
+
+def default_run_name(config: Mapping[str, Any]) -> str:
+    return f"{config['strategy']}-{config['dataset']}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _clean(value: Any) -> Any:
+    """JSON has no NaN/inf: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    return value
+
+
+class ResultsWriter:
+    def __init__(self, results_dir: str | Path, run_name: str):
+        self.run_dir = Path(results_dir).expanduser().resolve() / run_name
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.metrics_path = self.run_dir / "metrics.jsonl"
+        self.metrics_path.write_text("")
+        self.rows: list[dict[str, Any]] = []
+
+    def add_round(self, row: Mapping[str, Any]) -> None:
+        row = _clean(dict(row))
+        self.rows.append(row)
+        with self.metrics_path.open("a") as fh:
+            fh.write(json.dumps(row) + "\n")
+
+    def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        path = self.run_dir / "summary.json"
+        path.write_text(json.dumps(_clean(dict(summary)), indent=2, sort_keys=True) + "\n")
+        return path
+
+    def save_model(self, arrays) -> Path:
+        """The final global model as model.npz (one array per state_dict entry)."""
+        path = self.run_dir / "model.npz"
+        np.savez(path, **{key: array.numpy() for key, array in arrays.items()})
+        return path
+
+    def plot_accuracy(self, title: str) -> Path:
+        return plot_accuracy(self.rows, self.run_dir / "accuracy.png", title)
+
+
+def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_accuracy(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    rounds = [r["round"] for r in rows]
+    ax.plot(rounds, [r["accuracy"] for r in rows], marker="." if len(rows) < 40 else None)
+    ax.set_xlabel("round")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

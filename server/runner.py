@@ -1,0 +1,85 @@
+"""The server's run: enroll nodes, train round by round, evaluate centrally,
+write results. Engine-agnostic: it only needs a Flower `Grid` (Flower's
+simulation or deployment grid, or privfed's in-process grid)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from flwr.app import ConfigRecord
+from flwr.serverapp import Grid
+from rich.console import Console
+
+from common.config import RunConfig
+from common.data import load_test_set, load_federation
+from common.evaluation import evaluate, pick_device
+from common.models import build_model, resolve_model_name
+from common.records import arrays_nbytes, load_arrays, model_to_arrays
+from server.metered_grid import MeteredGrid
+from server.results import ResultsWriter, default_run_name, package_versions
+from server.roster import enroll
+from server.strategies.registry import build_strategy
+
+
+def initial_model(config: RunConfig) -> torch.nn.Module:
+    federation = load_federation(config)
+    torch.manual_seed(int(config["seed"]))
+    name = resolve_model_name(str(config["model"]), str(config["dataset"]))
+    return build_model(name, federation.input_shape, federation.num_classes)
+
+
+def run_federation(grid: Grid, config: RunConfig, console: Console | None = None) -> Path:
+    """Run the configured federation on `grid`; return the results folder."""
+    console = console or Console(highlight=False)
+    log = lambda text: console.print(f"privfed: {text}")  # noqa: E731
+    started = time.perf_counter()
+    metered = MeteredGrid(grid)
+    roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log)
+    log(f"enrolled {len(roster.node_of)} clients ({sum(roster.num_examples.values())} training examples)")
+
+    device = pick_device("auto")  # the server's own device, whatever the clients use
+    model = initial_model(config).to(device)
+    x_test, y_test = load_test_set(config)
+    arrays = model_to_arrays(model)
+    strategy = build_strategy(config, roster, log)
+    writer = ResultsWriter(str(config["results-dir"]), str(config["run-name"]) or default_run_name(config))
+    initial_loss, initial_accuracy = evaluate(model, x_test, y_test, device)
+
+    num_rounds = int(config["num-rounds"])
+    for server_round in range(1, num_rounds + 1):
+        metered.reset()
+        t0 = time.perf_counter()
+        messages = strategy.configure_train(server_round, arrays, ConfigRecord(), metered)
+        replies = metered.send_and_receive(messages, timeout=float(config["round-timeout"]))
+        aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
+        if aggregated is not None:
+            arrays = aggregated
+        elif metered.messages_down:
+            log(f"round {server_round}: no usable reply; the global model is unchanged")
+        load_arrays(model, arrays)
+        loss, accuracy = evaluate(model, x_test, y_test, device)
+        row = {
+            "round": server_round, "accuracy": accuracy, "loss": loss,
+            "seconds": time.perf_counter() - t0, "bytes_up": metered.bytes_up, "bytes_down": metered.bytes_down,
+            "clients": metered.messages_down,
+            "train_loss": None if train_metrics is None else train_metrics.get("train-loss"),
+        }
+        writer.add_round(row)
+        console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
+                      f"clients {row['clients']}  {row['seconds']:.2f} s")
+
+    final = writer.rows[-1]
+    writer.write_summary({
+        "config": dict(config), "versions": package_versions(),
+        "initial": {"accuracy": initial_accuracy, "loss": initial_loss},
+        "final": {"accuracy": final["accuracy"], "loss": final["loss"], "round": final["round"]},
+        "rounds": num_rounds, "wall_seconds": time.perf_counter() - started,
+        "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
+    })
+    writer.save_model(arrays)
+    writer.plot_accuracy(f"{config['strategy']} on {config['dataset']}")
+    console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {final['loss']:.4f}")
+    console.print(f"privfed: results in {writer.run_dir}")
+    return writer.run_dir

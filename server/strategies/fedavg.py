@@ -1,0 +1,63 @@
+"""FedAvg on Flower's strategy, with privfed's seeded client sampling and
+reply screening. Other strategies reuse this by mixing in `RosterSampling`."""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+from server.replies import screen
+from server.roster import Roster
+from server.sampling import sample_partitions
+
+
+class RosterSampling:
+    """Sample partitions from (seed, training round) and address their nodes.
+
+    For use with Flower strategies (`FedAvg` and subclasses): replaces their
+    `random.sample` of node ids, and screens replies before they aggregate.
+    """
+
+    def setup_sampling(self, roster: Roster, seed: int, fraction: float, log=print) -> None:
+        self.roster, self.seed, self.fraction, self.log = roster, seed, fraction, log
+        self._sent: ArrayRecord | None = None
+        self._partition_of = {node: p for p, node in roster.node_of.items()}
+
+    def train_round_index(self, server_round: int) -> int:
+        """The index that keys client draws; wrappers (Upcycled) map rounds to it."""
+        return server_round
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        out = ConfigRecord(dict(config))
+        out["server-round"] = server_round
+        return out
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        partitions = sample_partitions(self.seed, self.train_round_index(server_round), self.roster.partitions,
+                                       self.fraction)
+        self._sent = arrays
+        record = RecordDict({self.arrayrecord_key: arrays,
+                             self.configrecord_key: self.round_config(server_round, config)})
+        return self._construct_messages(record, [self.roster.node_of[p] for p in partitions], MessageType.TRAIN)
+
+    def screened(self, replies: Iterable[Message]) -> list[Message]:
+        def max_examples(node: int) -> int | None:
+            p = self._partition_of.get(node)
+            return None if p is None else self.roster.num_examples[p]
+
+        return screen(replies, self._sent, max_examples, self.log)
+
+
+class FedAvg(RosterSampling, FlowerFedAvg):
+    def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print):
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
+                         min_available_nodes=len(roster.node_of))
+        self.setup_sampling(roster, seed, fraction_train, log)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        return super().aggregate_train(server_round, self.screened(replies))

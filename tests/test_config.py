@@ -1,0 +1,65 @@
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from common.config import SCHEMA, ConfigError, defaults, load_preset, validate
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_pyproject_lists_every_key_with_the_schema_default():
+    app_config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert app_config == defaults()
+
+
+def test_defaults_validate():
+    assert dict(validate({})) == defaults()
+
+
+def test_unknown_key_names_it_and_suggests():
+    with pytest.raises(ConfigError, match=r"unknown config key 'num-round'.*'num-rounds'"):
+        validate({"num-round": 3})
+
+
+@pytest.mark.parametrize("key,value,pattern", [
+    ("num-rounds", "ten", r"'num-rounds' must be a int >= 1; got 'ten'"),
+    ("num-rounds", 0, r"'num-rounds' must be a int >= 1"),
+    ("num-rounds", True, r"'num-rounds' must be"),
+    ("fraction-train", 0.0, r"'fraction-train' must be a float in \(0.0, 1.0\]"),
+    ("fraction-train", 1.5, r"'fraction-train'"),
+    ("dataset", "imagenet", r"'dataset' must be one of 'synthetic'"),
+    ("synthetic-iid", 1, r"'synthetic-iid' must be a bool"),
+])
+def test_bad_values_name_key_and_allowed(key, value, pattern):
+    with pytest.raises(ConfigError, match=pattern):
+        validate({key: value})
+
+
+def test_int_accepted_for_float():
+    assert validate({"lr": 1})["lr"] == 1.0
+
+
+def test_released_federation_needs_30_clients():
+    with pytest.raises(ConfigError, match="num-clients = 30"):
+        validate({"dataset": "syn-iid", "num-clients": 10})
+
+
+def test_every_key_documented():
+    assert all(spec.doc for spec in SCHEMA.values())
+
+
+def test_every_preset_is_valid():
+    presets = sorted((REPO / "presets").glob("*.toml"))
+    assert presets, "no presets found"
+    for preset in presets:
+        load_preset(preset)
+
+
+def test_preset_errors(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text("lr = 0.1\nepochs = 3\n")
+    with pytest.raises(ConfigError, match="unknown config key 'epochs'"):
+        load_preset(bad)
+    with pytest.raises(ConfigError, match="preset file not found"):
+        load_preset(tmp_path / "missing.toml")

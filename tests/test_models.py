@@ -1,0 +1,26 @@
+import pytest
+import torch
+
+from common.models import build_model, num_parameters
+
+
+@pytest.mark.parametrize("name,shape,classes,expected", [
+    ("ali-mnist-cnn", (1, 28, 28), 10, 26_010),
+    ("ali-cifar-cnn", (3, 32, 32), 10, 550_570),
+    ("convnet", (1, 28, 28), 10, 317_706),
+    ("convnet", (3, 32, 32), 10, 320_010),
+    ("femnist-mlp", (1, 28, 28), 10, 155_830),
+    ("logreg", (20,), 2, 42),
+    ("adult-mlp", (104,), 2, 104 * 64 + 64 + 64 * 32 + 32 + 32 * 2 + 2),
+])
+def test_parameter_counts_and_forward(name, shape, classes, expected):
+    model = build_model(name, shape, classes)
+    assert num_parameters(model) == expected
+    assert model(torch.zeros(3, *shape)).shape == (3, classes)
+
+
+def test_image_model_refuses_wrong_input():
+    with pytest.raises(ValueError, match="28x28"):
+        build_model("ali-mnist-cnn", (3, 32, 32), 10)
+    with pytest.raises(ValueError, match="unknown model"):
+        build_model("resnet", (3, 32, 32), 10)
