@@ -22,7 +22,8 @@
 #   RUN_DIR/superlink and RUN_DIR/supernode-I and survive stop/start.
 # stop: stops exactly the processes in RUN_DIR/pids and their children.
 #
-# Defaults: N=3, PORT=8000, NODE_PORT_BASE=9094, RUN_DIR=deploy/run,
+# Defaults: N=3, PORT=8000, NODE_PORT_BASE=9094, RUN_DIR=.flwr/deploy (inside the
+# repository but ignored by git and left out of the FAB that `flwr run .` packs),
 # CERTS=deploy/certs, WORKDIR=current directory (the ServerApp's working
 # directory: results-dir=results lands in WORKDIR/results).
 set -euo pipefail
@@ -31,12 +32,12 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 action="${1:-}"
 [[ $# -gt 0 ]] && shift
 if [[ "$action" == -h || "$action" == --help ]]; then
-    sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0
+    awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0
 fi
 num=3
 port=8000
 node_port_base=9094
-run_dir="$here/run"
+run_dir="$(dirname "$here")/.flwr/deploy"
 certs="$here/certs"
 data_dir=""
 connection="privfed-local"
@@ -54,7 +55,7 @@ while [[ $# -gt 0 ]]; do
         --connection) connection="$2"; shift 2 ;;
         --workdir) workdir="$2"; shift 2 ;;
         --wait) wait_s="$2"; shift 2 ;;
-        -h|--help) sed -n '2,27p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "local-federation.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done

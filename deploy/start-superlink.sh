@@ -13,7 +13,8 @@
 #                    the certificate's SANs: make-certs.sh --san)
 #   --port PORT      the one HTTP(S) port serving the Fleet, Control and Runtime
 #                    APIs (default 8000)
-#   --flwr-home DIR  this SuperLink's FLWR_HOME (default: $FLWR_HOME, else ~/.flwr)
+#   --flwr-home DIR  this SuperLink's FLWR_HOME (installed apps, logs; default
+#                    ${XDG_STATE_HOME:-~/.local/state}/privfed/superlink)
 #   --database FILE  SQLite file for the SuperLink state (registered node keys,
 #                    runs); default $FLWR_HOME/superlink.db. ':flwr-in-memory:'
 #                    keeps it in memory (then registrations vanish on restart).
@@ -31,7 +32,7 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 certs="$here/certs"
 host=127.0.0.1
 port=8000
-flwr_home="${FLWR_HOME:-$HOME/.flwr}"
+flwr_home="${XDG_STATE_HOME:-$HOME/.local/state}/privfed/superlink"
 database=""
 workdir="$PWD"
 log_file=""
@@ -47,7 +48,7 @@ while [[ $# -gt 0 ]]; do
         --workdir) workdir="$2"; shift 2 ;;
         --log-file) log_file="$2"; shift 2 ;;
         --insecure) insecure=1; shift ;;
-        -h|--help) sed -n '2,28p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "start-superlink.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done

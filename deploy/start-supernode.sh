@@ -21,7 +21,9 @@
 #   --host HOST            address the Runtime API binds (default 127.0.0.1; 0.0.0.0
 #                          when a flower-superexec in another container connects)
 #   --flwr-home DIR        this SuperNode's FLWR_HOME (installed apps, logs); default
-#                          ./.flwr-supernode-<I>. Never share it between SuperNodes.
+#                          ${XDG_STATE_HOME:-~/.local/state}/privfed/supernode-<I>.
+#                          Never share it between SuperNodes, and keep it out of the
+#                          app folder (`flwr run .` would pack the installed apps).
 #   --data-dir DIR         where this node's dataset files live; passed to the ClientApp
 #                          as node config data-dir (beats the run config's data-dir)
 #   --state-dir DIR        where this node keeps its privacy ledger and other state
@@ -65,7 +67,7 @@ while [[ $# -gt 0 ]]; do
         --isolation) isolation="$2"; shift 2 ;;
         --node-config) extra_config="$2"; shift 2 ;;
         --insecure) insecure=1; shift ;;
-        -h|--help) sed -n '2,35p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "start-supernode.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -84,7 +86,7 @@ command -v flower-supernode >/dev/null || {
 abspath() { mkdir -p "$1" && (cd "$1" && pwd); }
 checkpath() { [[ "$1" != *[[:space:]\"]* ]] || die "path '$1' must not contain spaces or quotes"; }
 
-[[ -n "$flwr_home" ]] || flwr_home="$PWD/.flwr-supernode-$partition_id"
+[[ -n "$flwr_home" ]] || flwr_home="${XDG_STATE_HOME:-$HOME/.local/state}/privfed/supernode-$partition_id"
 flwr_home="$(abspath "$flwr_home")"
 [[ -n "$state_dir" ]] || state_dir="$flwr_home/state"
 state_dir="$(abspath "$state_dir")"

@@ -27,3 +27,23 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
             total += loss.item()
             batches += 1
     return total / max(batches, 1)
+
+
+def sgd_update(client, content, state):
+    """FedAvg's client: local SGD from the received model; reply with the model."""
+    from flwr.app import MetricRecord, RecordDict
+
+    from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
+    from common.seeding import torch_generator
+
+    config, instruction = client.config, content[CONFIG]
+    load_arrays(client.model, content[ARRAYS])
+    server_round = int(instruction["server-round"])
+    loss = train_sgd(
+        client.model, client.x, client.y,
+        epochs=int(instruction.get("local-epochs", config["local-epochs"])),
+        batch_size=int(config["batch-size"]), lr=float(config["lr"]), momentum=float(config["momentum"]),
+        generator=torch_generator(int(config["seed"]), "client-train", client.partition, server_round),
+    )
+    metrics = MetricRecord({NUM_EXAMPLES: client.num_train, "train-loss": loss})
+    return RecordDict({ARRAYS: model_to_arrays(client.model), METRICS: metrics})

@@ -1,0 +1,160 @@
+"""`privfed privacy`: a privacy calculator for DP-SGD (Poisson-sampled Gaussian steps).
+
+    privfed privacy epsilon --q Q --sigma S --steps T --delta D [--accountant rdp|pld]
+    privfed privacy sigma   --epsilon E --delta D --q Q --steps T
+    privfed privacy steps   --epsilon E --delta D --q Q --sigma S
+    privfed privacy ledger  PATH --delta D
+
+Guarantees are record-level (epsilon, delta)-DP for one client's data under
+add/remove-one neighbours. `--conversion` picks the RDP -> DP conversion
+(classic: Mironov 2017; balle: Balle et al. 2020, tighter), `--orders` the RDP
+order grid; `--json` prints one JSON object instead of text.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _common() -> argparse.ArgumentParser:
+    from common.privacy.accounting import ACCOUNTANTS, CONVERSIONS, DEFAULT_ORDERS, ORDER_SETS
+
+    p = argparse.ArgumentParser(add_help=False)
+    p.add_argument("--delta", type=float, required=True, help="target delta")
+    p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp", help="rdp (default) or pld")
+    p.add_argument("--conversion", choices=CONVERSIONS, default="balle",
+                   help="RDP -> (epsilon, delta) conversion (default balle; rdp only)")
+    p.add_argument("--orders", choices=tuple(ORDER_SETS), default=DEFAULT_ORDERS,
+                   help=f"RDP order grid (default {DEFAULT_ORDERS}; 'integer' = ALI-DPFL's 2..63,128,256,512)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("privacy", help="privacy calculator: epsilon, sigma, steps, ledgers",
+                                   description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
+    sub = parser.add_subparsers(dest="privacy_command")
+    common = _common()
+
+    p = sub.add_parser("epsilon", parents=[common], help="epsilon after T Poisson-sampled Gaussian steps")
+    p.add_argument("--q", type=float, required=True, help="Poisson sampling rate")
+    p.add_argument("--sigma", type=float, required=True, help="noise multiplier (noise std / clipping norm)")
+    p.add_argument("--steps", type=int, required=True, help="number of DP-SGD steps")
+    p.set_defaults(func=_run_epsilon)
+
+    p = sub.add_parser("sigma", parents=[common], help="smallest noise multiplier reaching a target epsilon")
+    p.add_argument("--epsilon", type=float, required=True, help="target epsilon")
+    p.add_argument("--q", type=float, required=True, help="Poisson sampling rate")
+    p.add_argument("--steps", type=int, required=True, help="number of DP-SGD steps")
+    p.add_argument("--tol", type=float, default=1e-4, help="bisection tolerance on sigma (default 1e-4)")
+    p.set_defaults(func=_run_sigma)
+
+    p = sub.add_parser("steps", parents=[common], help="R_c: the most steps with epsilon <= target")
+    p.add_argument("--epsilon", type=float, required=True, help="target epsilon")
+    p.add_argument("--q", type=float, required=True, help="Poisson sampling rate")
+    p.add_argument("--sigma", type=float, required=True, help="noise multiplier")
+    p.add_argument("--search", choices=("exact", "ali-code"), default="exact",
+                   help="exact integer search (default) or the ALI-DPFL authors' tolerance bisection")
+    p.set_defaults(func=_run_steps)
+
+    p = sub.add_parser("ledger", help="report a saved privacy ledger")
+    p.add_argument("path", help="ledger JSON file")
+    p.add_argument("--delta", type=float, required=True, help="target delta")
+    p.add_argument("--accountant", default="rdp",
+                   help="rdp, pld or a paper accountant (upcycled-thm6.2, hu-thm1, ali-eq12, fedlap-thm5.8)")
+    p.add_argument("--conversion", choices=("classic", "balle"), default="balle")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(func=_run_ledger)
+
+
+def _quiet_absl() -> None:
+    try:  # dp-accounting logs a warning per RDP order it cannot evaluate
+        from absl import logging as absl_logging
+
+        absl_logging.set_verbosity(absl_logging.ERROR)
+    except ImportError:  # pragma: no cover
+        pass
+
+
+def _emit(args: argparse.Namespace, key: str, value: float | int, text: str) -> int:
+    if args.json:
+        print(json.dumps({key: value}))
+    else:
+        print(text)
+    return 0
+
+
+def _fail(err: Exception) -> int:
+    print(f"privfed privacy: error: {err}", file=sys.stderr)
+    return 2
+
+
+def _how(args: argparse.Namespace) -> str:
+    if args.accountant == "pld":
+        return "PLD accountant"
+    return f"RDP accountant, {args.conversion} conversion, {args.orders} orders"
+
+
+def _run_epsilon(args: argparse.Namespace) -> int:
+    from common.privacy import accounting
+
+    _quiet_absl()
+    try:
+        eps = accounting.dpsgd_epsilon(args.q, args.sigma, args.steps, args.delta, accountant=args.accountant,
+                                       conversion=args.conversion, orders=args.orders)
+    except ValueError as err:
+        return _fail(err)
+    return _emit(args, "epsilon", eps,
+                 f"epsilon = {eps:.4f} at delta = {args.delta:g} after {args.steps} steps "
+                 f"(q = {args.q:g}, sigma = {args.sigma:g}; {_how(args)})")
+
+
+def _run_sigma(args: argparse.Namespace) -> int:
+    from common.privacy import accounting
+
+    _quiet_absl()
+    try:
+        sigma = accounting.calibrate_noise_multiplier(args.epsilon, args.delta, args.q, args.steps,
+                                                      accountant=args.accountant, conversion=args.conversion,
+                                                      orders=args.orders, tol=args.tol)
+    except ValueError as err:
+        return _fail(err)
+    return _emit(args, "sigma", sigma,
+                 f"sigma = {sigma:.4f}: the smallest noise multiplier with epsilon <= {args.epsilon:g} at "
+                 f"delta = {args.delta:g} after {args.steps} steps (q = {args.q:g}; {_how(args)})")
+
+
+def _run_steps(args: argparse.Namespace) -> int:
+    from common.privacy import accounting
+
+    _quiet_absl()
+    try:
+        steps = accounting.max_steps(args.epsilon, args.delta, args.q, args.sigma, accountant=args.accountant,
+                                     conversion=args.conversion, orders=args.orders, search=args.search)
+    except ValueError as err:
+        return _fail(err)
+    note = " (ALI-DPFL code's search: epsilon may exceed the target by 0.01)" if args.search == "ali-code" else ""
+    return _emit(args, "steps", steps,
+                 f"R_c = {steps} steps: the most with epsilon <= {args.epsilon:g} at delta = {args.delta:g} "
+                 f"(q = {args.q:g}, sigma = {args.sigma:g}; {_how(args)}){note}")
+
+
+def _run_ledger(args: argparse.Namespace) -> int:
+    from common.privacy.ledger import PrivacyLedger
+
+    _quiet_absl()
+    try:
+        ledger = PrivacyLedger.load(args.path)
+        if args.json:
+            report = ledger.report(args.delta, args.accountant, conversion=args.conversion)
+            print(json.dumps(report.to_json()))
+            return 0
+        accountants = ["rdp", "pld"] if args.accountant in ("rdp", "pld") else [args.accountant]
+        for line in ledger.summary_lines(args.delta, accountants):
+            print(line)
+    except (OSError, ValueError, KeyError) as err:
+        return _fail(err)
+    return 0
