@@ -57,7 +57,7 @@ DATASETS = (
     "mnist", "fashion-mnist", "cifar10", "adult",
 )
 MODELS = ("auto", "logreg", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "convnet", "adult-mlp")
-STRATEGIES = ("fedavg",)
+STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi")
 
 SCHEMA: dict[str, Key] = {
     # run
@@ -89,6 +89,32 @@ SCHEMA: dict[str, Key] = {
     "lr": Key(0.1, "local SGD learning rate", low=0.0, low_open=True),
     "momentum": Key(0.0, "local SGD momentum (reset every round)", low=0.0, high=1.0),
     "device": Key("auto", "where clients train", choices=("auto", "cpu", "cuda", "mps")),
+    # Upcycled-FL and base algorithms
+    "upcycled": Key(False, "Upcycled-FL: odd rounds run the base strategy; even rounds contact no client and set "
+                    "w2m = w2m-1 + theta_m (w2m-1 - w2m-2) on the server"),
+    "upcycled-theta": Key(0.3, "Upcycled-FL extrapolation coefficient theta = mu/(mu+lambda_m), constant over rounds "
+                          "(the authors' --upcycled_param); used when upcycled-lambda = 0", low=0.0, high=1.0),
+    "upcycled-mu": Key(0.5, "Upcycled-FL mu in theta_m = mu/(mu+lambda_m); used when upcycled-lambda > 0", low=0.0),
+    "upcycled-lambda": Key(0.0, "Upcycled-FL lambda: > 0 replaces upcycled-theta by theta_m = mu/(mu+lambda_m) with "
+                           "lambda_m = lambda * m^growth (m: index of the even round 2m)", low=0.0),
+    "upcycled-lambda-growth": Key(0.0, "exponent g of lambda_m = lambda * m^g; 0: constant, 0.5: theta_m = O(1/sqrt(m)), "
+                                  "the increasing schedule of Corollary 5.8", low=0.0),
+    "stragglers": Key(0.0, "probability that a sampled client straggles: it runs floor(U*E) local epochs "
+                      "(U uniform, redrawn until >= 1) and is still aggregated; drawn from (seed, training round)",
+                      low=0.0, high=1.0),
+    "server-momentum": Key(0.3, "FedAvgM server momentum (server lr 1)", low=0.0, high=1.0),
+    "server-nesterov": Key(True, "FedAvgM: Nesterov momentum as the Upcycled-FL code; false: Flower's heavy-ball"),
+    "prox-mu": Key(0.5, "FedProx proximal coefficient mu (client adds mu/2 ||w - w_global||^2)", low=0.0),
+    "scaffold-server-lr": Key(1.0, "SCAFFOLD global step size eta_g on the averaged model change", low=0.0, low_open=True),
+    "feddyn-alpha": Key(0.01, "FedDyn regularisation alpha", low=0.0, low_open=True),
+    "feddyn-max-grad-norm": Key(10.0, "FedDyn local gradient-norm clipping (0: none)", low=0.0),
+    "pfedme-k": Key(5, "pFedMe inner steps K on the personalised model per minibatch", low=1),
+    "pfedme-lambda": Key(15.0, "pFedMe lambda: pull of the personalised model towards the local model", low=0.0),
+    "pfedme-mu": Key(1e-3, "pFedMe L2 coefficient mu on the personalised model", low=0.0),
+    "yogi-lr": Key(0.1, "FedYogi server learning rate eta", low=0.0, low_open=True),
+    "yogi-tau": Key(1e-3, "FedYogi adaptivity tau", low=0.0, low_open=True),
+    "yogi-beta1": Key(0.9, "FedYogi first-moment decay beta1", low=0.0, high=1.0),
+    "yogi-beta2": Key(0.99, "FedYogi second-moment decay beta2", low=0.0, high=1.0),
     # results
     "results-dir": Key("results", "folder for results/<run-name>/; relative paths resolve "
                        "against the ServerApp process's working directory"),

@@ -6,6 +6,7 @@ node's persistent `Context.state`, and returns the reply content.
 
 from __future__ import annotations
 
+import importlib
 from typing import Callable
 
 from flwr.app import RecordDict
@@ -13,9 +14,21 @@ from flwr.app import RecordDict
 UpdateRule = Callable[["LocalClient", RecordDict, RecordDict], RecordDict]  # noqa: F821
 
 
-def update_rule(strategy: str) -> UpdateRule:
-    if strategy == "fedavg":
-        from client.updates.sgd import sgd_update
+# strategy -> (module, function). FedAvgM and FedYogi differ from FedAvg on the
+# server only; Upcycled-FL wraps the server strategy and keeps the base's rule.
+RULES = {
+    "fedavg": ("client.updates.sgd", "sgd_update"),
+    "fedavgm": ("client.updates.sgd", "sgd_update"),
+    "fedyogi": ("client.updates.sgd", "sgd_update"),
+    "fedprox": ("client.updates.prox", "prox_update"),
+    "scaffold": ("client.updates.scaffold", "scaffold_update"),
+    "feddyn": ("client.updates.feddyn", "feddyn_update"),
+    "pfedme": ("client.updates.pfedme", "pfedme_update"),
+}
 
-        return sgd_update
-    raise ValueError(f"no local update rule for strategy {strategy!r}")
+
+def update_rule(strategy: str) -> UpdateRule:
+    if strategy not in RULES:
+        raise ValueError(f"no local update rule for strategy {strategy!r}")
+    module, name = RULES[strategy]
+    return getattr(importlib.import_module(module), name)

@@ -38,7 +38,7 @@ def sgd_update(client, content, state):
 
     config, instruction = client.config, content[CONFIG]
     load_arrays(client.model, content[ARRAYS])
-    server_round = int(instruction["server-round"])
+    server_round = int(instruction.get("train-round", instruction["server-round"]))  # keys minibatch order
     loss = train_sgd(
         client.model, client.x, client.y,
         epochs=int(instruction.get("local-epochs", config["local-epochs"])),

@@ -41,6 +41,7 @@ import dp_accounting as dpa
 import numpy as np
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
+from scipy import optimize
 
 ACCOUNTANTS = ("rdp", "pld")
 CONVERSIONS = ("classic", "balle")
@@ -88,6 +89,7 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float,
                    conversion: str = "balle") -> tuple[float, float]:
     """(epsilon, optimal order) of an RDP curve at `delta` by `conversion`."""
     delta = _check_delta(delta)
+    rdp = np.nan_to_num(np.asarray(rdp, dtype=float), nan=np.inf, posinf=np.inf)  # a nan order is unusable
     if conversion == "balle":
         eps, order = rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)
         return float(eps), float(order)
@@ -246,7 +248,7 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
                                accountant: str = "rdp", conversion: str = "balle", orders: Orders | None = None,
                                tol: float = 1e-4) -> float:
     """The smallest noise multiplier sigma (to within `tol`, rounded up) whose
-    `steps` DP-SGD steps at rate q have epsilon(delta) <= target. Bisection;
+    `steps` DP-SGD steps at rate q have epsilon(delta) <= target. Bracketing and Brent root-finding;
     the returned sigma always meets the target."""
     delta = _check_delta(delta)
     _check_dpsgd(sample_rate)
@@ -255,25 +257,29 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
     if steps <= 0:
         raise ValueError(f"steps must be positive; got {steps}")
 
+    @functools.lru_cache(maxsize=None)
     def eps(sigma: float) -> float:
         return dpsgd_epsilon(sample_rate, sigma, steps, delta, accountant=accountant, conversion=conversion,
                              orders=orders)
 
+    # Bracket: eps(lo) > target >= eps(hi).
     hi = 1.0
     while eps(hi) > target_epsilon:
         hi *= 2
         if hi > 1e6:
             raise ValueError(f"no noise multiplier below 1e6 reaches epsilon {target_epsilon}")
     lo = hi / 2
-    while lo > 1e-3 and eps(lo) <= target_epsilon:
+    while eps(lo) <= target_epsilon:
         hi, lo = lo, lo / 2
-    while hi - lo > tol:  # eps(lo) > target >= eps(hi)
-        mid = (lo + hi) / 2
-        if eps(mid) <= target_epsilon:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+        if lo < 1e-4:
+            return hi
+    # Brent's method to within tol/2, then step up until the target is met, so
+    # the result meets the target and is within tol of the smallest sigma.
+    root = optimize.brentq(lambda s: eps(s) - target_epsilon, lo, hi, xtol=tol / 2)
+    sigma = min(root, hi)
+    while eps(sigma) > target_epsilon:
+        sigma = min(sigma + tol / 2, hi)
+    return sigma
 
 
 # ---------------------------------------------------------------------------

@@ -174,10 +174,22 @@ class PrivacyLedger:
         epsilon(ledger + k steps) <= target (0 if already at or past it)."""
         from common.privacy.events import dpsgd_steps
 
-        def ok(k: int) -> bool:
-            extra = [dpsgd_steps(sample_rate, noise_multiplier, k)] if k else []
-            return not self.would_exceed(extra, target_epsilon, delta, accountant, conversion=conversion,
-                                         orders=orders)
+        if accountant == "rdp":
+            # RDP composes additively: the ledger's curve plus k times one step's
+            # curve is exactly what the accountant computes for ledger + k steps.
+            o, base = accounting.rdp_curve(self.to_dp_event(), orders)
+            _, step = accounting._step_rdp(float(sample_rate), float(noise_multiplier),
+                                           accounting.resolve_orders(orders))
+            pure = self.pure_epsilon()
+
+            def ok(k: int) -> bool:
+                eps = accounting.rdp_to_epsilon(o, base + k * step if k else base, delta, conversion)[0]
+                return eps + pure <= target_epsilon
+        else:
+            def ok(k: int) -> bool:
+                extra = [dpsgd_steps(sample_rate, noise_multiplier, k)] if k else []
+                return not self.would_exceed(extra, target_epsilon, delta, accountant, conversion=conversion,
+                                             orders=orders)
 
         if not ok(0) or not ok(1):
             return 0

@@ -2,7 +2,7 @@
 
 Parameters (`CodecParams`):
 
-* k = `mod_bits` (1..64): arithmetic is mod 2^k on uint32 words (k <= 32) or
+* k = `mod_bits` (2..64): arithmetic is mod 2^k on uint32 words (k <= 32) or
   uint64 words (k > 32). numpy's unsigned add/subtract wrap mod 2^32 / 2^64
   natively, and 2^k divides both, so a final bit mask gives mod 2^k.
 * f = `frac_bits`: scale 2^f. encode(x) = round_half_even(x * 2^f) mod 2^k.
@@ -39,12 +39,17 @@ weight * update with example-count weights). `CodecParams.compact()` is the
 32-bit wire format (half the bytes): k = 32, B = 2^10, n_max = 16 and the
 largest f that fits (f = 16, error 7.6e-6 per value); `CodecParams.fit` picks
 f for any (k, B, n_max).
+
+In the protocol the encoded vector is x_i = [w_i * u_i, w_i, metrics_i], so B
+bounds |weight * update| (and the weight and metric values), and the error of
+the weighted mean sum(w u) / sum(w) is at most the sum bound / sum(w).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import struct
 from dataclasses import dataclass
 
@@ -93,7 +98,9 @@ class CodecParams:
             raise ValueError(f"frac_bits must be in [0, 1000], got {self.frac_bits}")
         if self.max_clients < 1:
             raise ValueError(f"max_clients must be >= 1, got {self.max_clients}")
-        if not (isinstance(self.clip, (int, float)) and math.isfinite(self.clip) and self.clip > 0):
+        if isinstance(self.clip, bool) or not (
+            isinstance(self.clip, numbers.Real) and math.isfinite(self.clip) and self.clip > 0
+        ):
             raise ValueError(f"clip must be a finite positive number, got {self.clip!r}")
         object.__setattr__(self, "clip", float(self.clip))
         limit = (1 << (self.mod_bits - 1)) - 1
@@ -176,25 +183,33 @@ class FixedPointCodec:
         # signed dtype of the same width: int32 / int64 casts wrap exactly like mod 2^w
         self._signed = np.dtype("<i4") if self.dtype.itemsize == 4 else np.dtype("<i8")
 
-    def check_range(self, x: np.ndarray) -> None:
-        """Raise CodecRangeError for the first entry with |x| > clip or not finite."""
+    def check_range(self, x: np.ndarray, *, scaled: bool = False) -> None:
+        """Raise CodecRangeError for the first entry with |x| > clip or not finite.
+
+        With `scaled=True`, `x` holds values already multiplied by 2^f and the
+        bound is clip * 2^f (the error still reports the unscaled value).
+        Two reductions (min, max) and no temporary unless a value is bad.
+        """
         x = np.asarray(x)
         if x.size == 0:
             return
-        ok = np.abs(x) <= self._clip  # NaN compares False
-        if not ok.all():
-            idx = int(np.flatnonzero(~ok.ravel())[0])
-            val = float(x.ravel()[idx])
-            raise CodecRangeError(
-                f"value {val!r} at index {idx} is outside [-{self.params.clip}, {self.params.clip}]"
-                " (the codec's clip bound; pass clip=True to clip explicitly)",
-                idx,
-                val,
-                self.params.clip,
-            )
+        bound = self._clip * self._scale if scaled else self._clip
+        lo, hi = x.min(), x.max()  # NaN propagates and fails both tests
+        if lo >= -bound and hi <= bound:
+            return
+        bad = ~(np.abs(x) <= bound)
+        idx = int(np.flatnonzero(bad.ravel())[0])
+        val = float(x.ravel()[idx]) / (float(self._scale) if scaled else 1.0)
+        raise CodecRangeError(
+            f"value {val!r} at index {idx} is outside [-{self.params.clip}, {self.params.clip}]"
+            " (the codec's clip bound; pass clip=True to clip explicitly)",
+            idx,
+            val,
+            self.params.clip,
+        )
 
     def encode(self, x: np.ndarray, *, clip: bool = False) -> np.ndarray:
-        """Words round(x * 2^f) mod 2^k (dtype `self.dtype`) of a 1-D float array.
+        """Words round(x * 2^f) mod 2^k (dtype `self.dtype`) of a 1-D real array.
 
         Raises CodecRangeError when any |x| > clip (or x is NaN/inf) unless
         `clip=True`, in which case values are clipped to [-clip, clip] first
@@ -205,17 +220,24 @@ class FixedPointCodec:
             raise ValueError(f"encode expects a 1-D array, got shape {x.shape}")
         if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
             raise TypeError(f"encode expects a real array, got dtype {x.dtype}")
-        y = x.astype(np.float64, copy=True)
-        if clip:
-            if np.isnan(y).any():
-                self.check_range(y)
-            np.clip(y, -self._clip, self._clip, out=y)
-        return self._encode_f64_inplace(y)
+        y = np.multiply(x, self._scale, dtype=np.float64)
+        return self.encode_scaled_inplace(y, clip=clip)
 
-    def _encode_f64_inplace(self, y: np.ndarray) -> np.ndarray:
-        """Encode a float64 array that the caller owns (it is overwritten)."""
-        self.check_range(y)
-        np.multiply(y, self._scale, out=y)
+    def encode_scaled_inplace(self, y: np.ndarray, *, clip: bool = False) -> np.ndarray:
+        """Encode a float64 array holding x * 2^f, which the caller owns (it is overwritten).
+
+        For callers that fold the scale into another product (weight * 2^f *
+        update) to save a pass; multiplying by 2^f is exact, so the result is
+        bit-identical to `encode(x)`.
+        """
+        if y.dtype != np.float64 or y.ndim != 1:
+            raise TypeError("encode_scaled_inplace expects a 1-D float64 array")
+        if clip:
+            if y.size and np.isnan(y).any():
+                self.check_range(y, scaled=True)
+            bound = self._clip * self._scale
+            np.clip(y, -bound, bound, out=y)
+        self.check_range(y, scaled=True)
         np.rint(y, out=y)
         # |y| <= q_max < 2^(k-1) <= 2^(w-1): fits the signed word; the bit
         # pattern of the signed word is the residue mod 2^w.

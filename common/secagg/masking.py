@@ -62,14 +62,12 @@ def add_pairwise_masks(
     dtype = word_dtype(bits)
     if words.dtype != dtype or words.ndim != 1:
         raise TypeError(f"words must be a 1-D {dtype} array, got {words.ndim}-D {words.dtype}")
-    if generator is None or generator.length != words.shape[0] or generator.bits != bits:
-        generator = MaskGenerator(words.shape[0], bits)
-    for peer in sorted(peers):
-        g = generator.generate(seeds[peer], round_)
-        if mask_sign(my_id, peer) * sign > 0:
-            np.add(words, g, out=words)
-        else:
-            np.subtract(words, g, out=words)
+    if sign not in (1, -1):
+        raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+    if generator is None or generator.bits != bits:
+        generator = MaskGenerator(bits)
+    terms = [(seeds[peer], mask_sign(my_id, peer) * sign) for peer in sorted(peers)]
+    generator.accumulate(words, round_, terms)
     return reduce_mod(words, bits)
 
 

@@ -23,14 +23,18 @@
   on the target machines (anchor: 0.61 ms per 10^6 uint32; ChaCha20 0.87 ms);
   it is a standard PRF/PRG assumption; 256-bit keys use the full seed.
 
-Speed: the keystream is written with `update_into` into a reusable buffer
-(avoids allocating and page-faulting 8 MB per call, which is 4x slower):
-10^6 uint64 words take about 1 ms on the 2-core CI box. `MaskGenerator` keeps
-those buffers; `mask_vector` is the one-shot convenience that returns a fresh
+Speed: the keystream is written with `update_into` into a small reusable
+buffer (allocating a fresh 8 MB `bytes` per call is 4x slower) and added to
+the vector chunk by chunk while both are in cache (`MaskGenerator`, about
+30% faster than full-length masks). On the 2-core CI box one mask of 10^6
+uint64 words costs about 1.3-1.7 ms of CPU including the add (uint32:
+0.7 ms). `mask_vector` is the one-shot convenience that returns a fresh
 array.
 """
 
 from __future__ import annotations
+
+from typing import Iterable
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -42,6 +46,7 @@ __all__ = ["DOMAIN_TAG", "MAX_WORDS_BYTES", "word_dtype", "nonce", "MaskGenerato
 DOMAIN_TAG = b"PFM1"
 _BLOCK = 16
 MAX_WORDS_BYTES = (1 << 32) * _BLOCK  # keystream bytes per (seed, round)
+_CHUNK_BYTES = 1 << 18  # 256 KiB: a keystream chunk plus a slice of the vector stay in cache
 
 
 def word_dtype(bits: int) -> np.dtype:
@@ -58,41 +63,69 @@ def nonce(round_: int) -> bytes:
 
 
 class MaskGenerator:
-    """Reusable buffers for G(seed, round) of a fixed (length, bits).
+    """Cache-friendly accumulation of signed PRF outputs for one word size.
 
-    `generate` returns a view into an internal buffer that the next call
-    overwrites; copy it if you keep it. Not thread-safe (one per thread).
+    `accumulate(words, round_, terms)` computes, in place,
+
+        words += sum_{(seed, sign) in terms} sign * G(seed, round_)   mod 2^w
+
+    chunk by chunk: one AES-CTR stream per seed is kept open and advanced
+    `_CHUNK_BYTES` at a time, so the keystream chunk and the slice of `words`
+    stay in the CPU cache (about 30% faster than generating each full-length
+    mask and adding it). The result is bit-identical to adding full
+    `mask_vector`s. Not thread-safe (one per thread); buffers are 2 x 256 KiB.
+    Reduction mod 2^bits below the word size is left to the caller
+    (`masking.reduce_mod`), once, after all terms.
     """
 
-    def __init__(self, length: int, bits: int) -> None:
-        if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
-            raise ValueError(f"length must be a non-negative int, got {length!r}")
-        self.length = int(length)
+    def __init__(self, bits: int) -> None:
         self.bits = int(bits)
         self.dtype = word_dtype(bits)
-        nbytes = self.length * self.dtype.itemsize
-        if nbytes > MAX_WORDS_BYTES:
-            raise ValueError(f"length {length} needs more than 2^32 AES blocks per round")
-        self._zeros = np.zeros(nbytes, dtype=np.uint8)
-        self._out = np.empty(self.length, dtype=self.dtype)
-        full = self.dtype.itemsize * 8
-        self._mask = None if self.bits == full else self.dtype.type((1 << self.bits) - 1)
+        self._zeros = np.zeros(_CHUNK_BYTES, dtype=np.uint8)
+        self._buf = np.empty(_CHUNK_BYTES // self.dtype.itemsize, dtype=self.dtype)
 
-    def generate(self, seed: bytes, round_: int) -> np.ndarray:
-        """G(seed, round_) as `length` words uniform in [0, 2^bits) (a reused view)."""
-        if len(seed) != SEED_BYTES:
-            raise ValueError(f"seed must be {SEED_BYTES} bytes, got {len(seed)}")
-        enc = Cipher(algorithms.AES(bytes(seed)), modes.CTR(nonce(round_))).encryptor()
-        if self.length:
-            enc.update_into(self._zeros, self._out.view(np.uint8))
-        if self._mask is not None:
-            np.bitwise_and(self._out, self._mask, out=self._out)
-        return self._out
+    def accumulate(self, words: np.ndarray, round_: int, terms: Iterable[tuple[bytes, int]]) -> np.ndarray:
+        """In place: words += sum sign * G(seed, round_) mod 2^w, w the word size; returns words."""
+        if words.dtype != self.dtype or words.ndim != 1 or not words.flags.c_contiguous:
+            raise TypeError(f"words must be a contiguous 1-D {self.dtype} array")
+        n = nonce(round_)
+        encs = []
+        for seed, sign in terms:
+            if len(seed) != SEED_BYTES:
+                raise ValueError(f"seed must be {SEED_BYTES} bytes, got {len(seed)}")
+            if sign not in (1, -1):
+                raise ValueError(f"sign must be +1 or -1, got {sign!r}")
+            encs.append((Cipher(algorithms.AES(bytes(seed)), modes.CTR(n)).encryptor(), sign))
+        length = words.shape[0]
+        if length * self.dtype.itemsize > MAX_WORDS_BYTES:
+            raise ValueError(f"length {length} needs more than 2^32 AES blocks per round")
+        step = self._buf.shape[0]
+        bufb = self._buf.view(np.uint8)
+        for start in range(0, length, step):
+            cnt = min(step, length - start)
+            nb = cnt * self.dtype.itemsize
+            w = words[start:start + cnt]
+            g = self._buf[:cnt]
+            for enc, sign in encs:
+                enc.update_into(self._zeros[:nb], bufb[:nb])
+                if sign > 0:
+                    np.add(w, g, out=w)
+                else:
+                    np.subtract(w, g, out=w)
+        return words
 
 
 def mask_vector(seed: bytes, round_: int, length: int, bits: int) -> np.ndarray:
     """G(seed, round_): a fresh array of `length` words uniform in [0, 2^bits).
 
-    dtype uint32 if bits <= 32 else uint64. Same output as `MaskGenerator`.
+    dtype uint32 if bits <= 32 else uint64 (little-endian).
     """
-    return MaskGenerator(length, bits).generate(seed, round_).copy()
+    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+        raise ValueError(f"length must be a non-negative int, got {length!r}")
+    dtype = word_dtype(bits)
+    out = np.zeros(int(length), dtype=dtype)
+    MaskGenerator(bits).accumulate(out, round_, [(seed, 1)])
+    full = dtype.itemsize * 8
+    if bits < full:
+        np.bitwise_and(out, dtype.type((1 << bits) - 1), out=out)
+    return out

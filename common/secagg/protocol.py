@@ -306,10 +306,9 @@ class SecAggClient:
     def _key_of(self, node: int) -> bytes:
         return self.public_key if node == self.node_id else self._peer_keys[node]
 
-    def _generator(self, length: int) -> MaskGenerator:
-        bits = self.params.codec.mod_bits
-        if self._gen is None or self._gen.length != length or self._gen.bits != bits:
-            self._gen = MaskGenerator(length, bits)
+    def _generator(self) -> MaskGenerator:
+        if self._gen is None:
+            self._gen = MaskGenerator(self.params.codec.mod_bits)
         return self._gen
 
     # -- a round ----------------------------------------------------------
@@ -364,16 +363,13 @@ class SecAggClient:
 
         d = v.shape[0]
         length = d + 1 + len(keys)
-        x = np.empty(length, dtype=np.float64)
-        np.multiply(v, np.float64(w), out=x[:d], casting="unsafe")
-        x[d] = w
-        x[d + 1:] = mvals
-        if clip:
-            if np.isnan(x).any():
-                self.codec.check_range(x)
-            np.clip(x, -self.params.codec.clip, self.params.codec.clip, out=x)
+        scale = np.float64(self.params.codec.scale)
+        x = np.empty(length, dtype=np.float64)  # [w*u, w, metrics] * 2^f (exact power-of-two scaling)
+        np.multiply(v, np.float64(w) * scale, out=x[:d], casting="unsafe")
+        x[d] = w * scale
+        x[d + 1:] = mvals * scale
         try:
-            words = self.codec._encode_f64_inplace(x)
+            words = self.codec.encode_scaled_inplace(x, clip=clip)
         except CodecRangeError as exc:
             i = exc.index
             if i < d:
@@ -393,7 +389,7 @@ class SecAggClient:
         peers = [j for j in sel if j != self.node_id]
         add_pairwise_masks(
             words, self.node_id, self._seeds, peers, round_, self.params.codec.mod_bits,
-            generator=self._generator(length),
+            generator=self._generator(),
         )
         ctx = round_context(self._fp, self.run_id, round_, {j: self._key_of(j) for j in sel})
         msg = MaskedUpdate(self.run_id, round_, self.node_id, ctx, keys, words, b"")
@@ -445,7 +441,7 @@ class SecAggClient:
             )
         masks = pairwise_mask_sum(
             self.node_id, self._seeds, dropped, request.round, self._round_length,
-            self.params.codec.mod_bits, generator=self._generator(self._round_length),
+            self.params.codec.mod_bits, generator=self._generator(),
         )
         msg = MaskReveal(self.run_id, request.round, self.node_id, dropped, masks, b"")
         tag = compute_tag(self._mac_key, KIND_REVEAL, request.round, msg.header_bytes(), masks)

@@ -3,7 +3,7 @@ reply screening. Other strategies reuse this by mixing in `RosterSampling`."""
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
@@ -12,6 +12,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from server.replies import screen
 from server.roster import Roster
 from server.sampling import sample_partitions
+from server.stragglers import straggler_epochs
 
 
 class RosterSampling:
@@ -19,30 +20,52 @@ class RosterSampling:
 
     For use with Flower strategies (`FedAvg` and subclasses): replaces their
     `random.sample` of node ids, and screens replies before they aggregate.
+    Each sampled node gets its own message: stragglers (`setup_stragglers`)
+    carry their shortened `local-epochs`; every instruction carries
+    `train-round`, the index that keys client draws and local training seeds.
     """
 
     def setup_sampling(self, roster: Roster, seed: int, fraction: float, log=print) -> None:
         self.roster, self.seed, self.fraction, self.log = roster, seed, fraction, log
         self._sent: ArrayRecord | None = None
         self._partition_of = {node: p for p, node in roster.node_of.items()}
+        self.round_map: Callable[[int], int] | None = None  # set by wrappers (Upcycled)
+        self.stragglers, self.local_epochs = 0.0, 1
+
+    def setup_stragglers(self, fraction: float, local_epochs: int) -> None:
+        """Each sampled client straggles with probability `fraction` (see server/stragglers.py)."""
+        self.stragglers, self.local_epochs = fraction, local_epochs
 
     def train_round_index(self, server_round: int) -> int:
-        """The index that keys client draws; wrappers (Upcycled) map rounds to it."""
-        return server_round
+        """The index that keys client draws; wrappers (Upcycled) map rounds to it via `round_map`."""
+        return server_round if self.round_map is None else self.round_map(server_round)
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         out = ConfigRecord(dict(config))
         out["server-round"] = server_round
+        out["train-round"] = self.train_round_index(server_round)
         return out
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
-        partitions = sample_partitions(self.seed, self.train_round_index(server_round), self.roster.partitions,
-                                       self.fraction)
+        train_round = self.train_round_index(server_round)
+        partitions = sample_partitions(self.seed, train_round, self.roster.partitions, self.fraction)
+        short = straggler_epochs(self.seed, train_round, partitions, self.stragglers, self.local_epochs)
         self._sent = arrays
-        record = RecordDict({self.arrayrecord_key: arrays,
-                             self.configrecord_key: self.round_config(server_round, config)})
-        return self._construct_messages(record, [self.roster.node_of[p] for p in partitions], MessageType.TRAIN)
+        common = self.round_config(server_round, config)
+        messages = []
+        for p in partitions:
+            node_config = ConfigRecord(dict(common))
+            if p in short:
+                node_config["local-epochs"] = short[p]
+            record = RecordDict({self.arrayrecord_key: arrays, **self.extra_records(server_round),
+                                 self.configrecord_key: node_config})
+            messages.extend(self._construct_messages(record, [self.roster.node_of[p]], MessageType.TRAIN))
+        return messages
+
+    def extra_records(self, server_round: int) -> dict:
+        """Records sent to every sampled node besides the model and config (SCAFFOLD: the global control)."""
+        return {}
 
     def screened(self, replies: Iterable[Message]) -> list[Message]:
         def max_examples(node: int) -> int | None:

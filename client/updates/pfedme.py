@@ -1,0 +1,68 @@
+"""pFedMe's local update (Dinh et al. 2020), as the Upcycled-FL code runs it.
+
+The personalised model theta and the local model w both start from the
+received global model. For every minibatch, K (`pfedme-k`) steps
+
+    theta <- theta - lr (grad f(theta; batch) + lambda (theta - w) + mu theta)
+
+then w <- w - lambda lr (w - theta). The reply carries w (the server averages
+it, beta = 1). theta is kept in the node's `Context.state` and evaluated on
+the node's own test split; that personalised accuracy is what the paper
+reports for pFedMe, and it travels in the reply's metrics. Plain steps, no
+momentum (as the authors' pFedMe optimizer); `lr` is the run's lr.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from flwr.app import MetricRecord, RecordDict
+
+from client.updates.corrected import local_plan, parameters_copy
+from client.updates.sgd import minibatches
+from common.evaluation import evaluate
+from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
+
+STATE_KEY = "pfedme-personal"  # theta, in the node's Context.state
+
+
+def pfedme_update(client, content, state):
+    config, instruction = client.config, content[CONFIG]
+    model = client.model
+    load_arrays(model, content[ARRAYS])
+    lr, lam, mu, k = (float(config["lr"]), float(config["pfedme-lambda"]), float(config["pfedme-mu"]),
+                      int(config["pfedme-k"]))
+    w_local = parameters_copy(model)
+    named = dict(model.named_parameters())
+    epochs, generator = local_plan(client, instruction)
+    batch_size = int(config["batch-size"])
+    model.train()
+    total, steps = 0.0, 0
+    for _ in range(epochs):
+        for idx in minibatches(len(client.y), batch_size, generator):
+            xb, yb = client.x[idx], client.y[idx]
+            for _ in range(k):
+                model.zero_grad(set_to_none=False)
+                loss = F.cross_entropy(model(xb), yb)
+                loss.backward()
+                with torch.no_grad():
+                    for name, p in named.items():
+                        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+                        p.sub_(lr * (grad + lam * (p - w_local[name]) + mu * p))
+                total += loss.item()
+                steps += 1
+            with torch.no_grad():
+                for name, p in named.items():
+                    w_local[name].sub_(lam * lr * (w_local[name] - p))
+
+    personal = model_to_arrays(model)
+    state[STATE_KEY] = personal
+    n_test = len(client.y_test)
+    p_loss, p_acc = evaluate(model, client.x_test, client.y_test, client.device) if n_test else (0.0, 0.0)
+    with torch.no_grad():
+        for name, p in named.items():
+            p.copy_(w_local[name])
+    metrics = MetricRecord({NUM_EXAMPLES: client.num_train, "train-loss": total / max(steps, 1),
+                            "personal-accuracy": float(p_acc), "personal-loss": float(p_loss),
+                            "test-examples": n_test})
+    return RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics})
