@@ -7,6 +7,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client.node import local_client
+from client.secagg import handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
 from common.evaluation import evaluate
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays
@@ -30,7 +31,22 @@ def enroll(msg: Message, context: Context) -> Message:
 def train(msg: Message, context: Context) -> Message:
     client = local_client(context)
     rule = update_rule(str(client.config["strategy"]))
+    if client.config["secure-aggregation"] or is_secure(msg):  # reply with a masked vector (client/secagg.py)
+        return secure_train(rule, client, msg, context)
     return Message(rule(client, msg.content, context.state), reply_to=msg)
+
+
+@app.query("secagg_enroll")
+def secagg_enroll(msg: Message, context: Context) -> Message:
+    """Secure aggregation: a key pair for this run; reply with the public key."""
+    client = local_client(context)
+    return handle_enroll(msg, context, client.config, client.num_train)
+
+
+@app.query("secagg_reveal")
+def secagg_reveal(msg: Message, context: Context) -> Message:
+    """Secure aggregation, after a dropout: this round's masks with the dropped nodes."""
+    return handle_reveal(msg, context, local_client(context).config)
 
 
 @app.evaluate()

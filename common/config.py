@@ -57,7 +57,7 @@ DATASETS = (
     "mnist", "fashion-mnist", "cifar10", "adult",
 )
 MODELS = ("auto", "logreg", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "convnet", "adult-mlp")
-STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi")
+STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu")
 
 SCHEMA: dict[str, Key] = {
     # run
@@ -115,6 +115,41 @@ SCHEMA: dict[str, Key] = {
     "yogi-tau": Key(1e-3, "FedYogi adaptivity tau", low=0.0, low_open=True),
     "yogi-beta1": Key(0.9, "FedYogi first-moment decay beta1", low=0.0, high=1.0),
     "yogi-beta2": Key(0.99, "FedYogi second-moment decay beta2", low=0.0, high=1.0),
+    # secure aggregation and DP-FedAvg (Hu et al.)
+    "secure-aggregation": Key(False, "mask every training reply with pairwise PRF masks (common/secagg, "
+                              "server/secagg_grid.py): the server learns only the weighted average of the "
+                              "selected clients' updates and their averaged metrics; only for strategies whose "
+                              "aggregate is a weighted sum (SECAGG_STRATEGIES)"),
+    "secagg-bits": Key(32, "secure aggregation: masked words live mod 2^bits; 32: uint32 on the wire (the bytes "
+                       "of float32), 64: uint64 with a much finer fixed-point step", choices=(32, 64)),
+    "secagg-clip": Key(1024.0, "secure aggregation: codec bound B on every encoded value: |w_i * (local - global)| "
+                       "per coordinate (w_i = examples / largest enrolled examples, <= 1) and |w_i * metric|; "
+                       "a client with a value outside is dropped for the round, never wrapped", low=0.0,
+                       low_open=True),
+    "secagg-min-survivors": Key(2, "secure aggregation: fewest replies a round is decoded with (else the model "
+                                "stays unchanged for that round)", low=2),
+    "adult-split": Key("uci", "adult: 'uci' splits the UCI train file across clients by `partition` and tests "
+                       "on the UCI test file; 'hu-devices' pools all 48,842 rows (missing values as all-zero "
+                       "one-hot), deals 3052 to each of num-clients <= 16 devices, 80/10/10 train/val/test "
+                       "per device (Hu et al.; common/data/adult_devices.py)", choices=("uci", "hu-devices")),
+    "adult-eval": Key("test", "adult-split = hu-devices: the per-device split the server evaluates on "
+                      "('val' for tuning)", choices=("test", "val")),
+    "hu-local-steps": Key(10, "DP-FedAvg (Hu et al.) tau: local minibatch SGD steps per round "
+                          "(batch-size = gamma, lr = eta)", low=1),
+    "hu-clip": Key(1.0, "DP-FedAvg (Hu et al.) G: per-sample gradient L2 clipping bound; 0 (only with "
+                   "hu-sigma = 0 and hu-epsilon = 0): no clipping, the non-private baseline", low=0.0),
+    "hu-sigma": Key(0.0, "DP-FedAvg (Hu et al.) sigma: std of the N(0, sigma^2 I) added to the averaged "
+                    "clipped minibatch gradient at every local step; used when hu-epsilon = 0", low=0.0),
+    "hu-epsilon": Key(0.0, "DP-FedAvg (Hu et al.): target epsilon per device; > 0 calibrates sigma with "
+                      "hu-accountant over the drawn participation schedule, and clients refuse to exceed it",
+                      low=0.0),
+    "hu-delta": Key(1e-4, "DP-FedAvg (Hu et al.): delta of the (epsilon, delta) statement", low=0.0,
+                    high=1.0, low_open=True),
+    "hu-accountant": Key("conservative", "DP-FedAvg (Hu et al.) rho per participation: 'conservative' = "
+                         "ceil(tau gamma / m) * 2 G^2 / (gamma^2 sigma^2), no secure-aggregation credit; "
+                         "'paper' = Thm 1, 2 tau G^2 / (r m gamma sigma^2) with r only under secure "
+                         "aggregation; 'paper-dsgd' = the DP-DSGD baseline formula 2 G^2 / (n gamma^2 sigma^2) "
+                         "(tau = 1)", choices=("conservative", "paper", "paper-dsgd")),
     # results
     "results-dir": Key("results", "folder for results/<run-name>/; relative paths resolve "
                        "against the ServerApp process's working directory"),
@@ -184,6 +219,56 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
         raise ConfigError(
             f"dataset {v['dataset']!r} is a released federation of exactly 30 clients; "
             f"set num-clients = 30 (got {v['num-clients']})"
+        )
+    _check_secure_aggregation(v)
+
+
+# secure aggregation and DP-FedAvg (Hu et al.) ------------------------------------
+# Strategies whose aggregate is a weighted sum of per-client terms: under
+# secure aggregation the server learns only those sums (server/secagg_grid.py).
+# Refused: anything that needs individual replies (FedLAP's synthetic sets,
+# robust aggregators such as the median or Krum).
+SECAGG_STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu")
+HU_DEVICES, HU_DEVICE_SIZE = 16, 3052
+
+
+def _check_secure_aggregation(v: Mapping[str, Scalar]) -> None:
+    import math
+
+    if v["adult-split"] == "hu-devices" and v["dataset"] == "adult" and v["num-clients"] > HU_DEVICES:
+        raise ConfigError(f"adult-split = 'hu-devices' deals {HU_DEVICE_SIZE} rows to each of at most "
+                          f"{HU_DEVICES} devices; got num-clients = {v['num-clients']}")
+    if v["strategy"] == "dpfedavg-hu":
+        if v["hu-clip"] == 0 and (v["hu-sigma"] > 0 or v["hu-epsilon"] > 0):
+            raise ConfigError("hu-clip = 0 (no clipping) is only the non-private baseline: it needs hu-sigma = 0 "
+                              "and hu-epsilon = 0 (noise without a clipping bound has no privacy guarantee)")
+        if v["hu-accountant"] == "paper-dsgd" and v["hu-local-steps"] != 1:
+            raise ConfigError("hu-accountant = 'paper-dsgd' is the DP-DSGD baseline's formula: it needs "
+                              f"hu-local-steps = 1 (got {v['hu-local-steps']})")
+    if not v["secure-aggregation"]:
+        return
+    if v["strategy"] not in SECAGG_STRATEGIES:
+        raise ConfigError(
+            f"secure-aggregation = true cannot run strategy {v['strategy']!r}: under secure aggregation the "
+            f"server sees only the weighted sum of the clients' replies, and {v['strategy']!r} needs the "
+            f"individual replies. Strategies that work with it: {', '.join(SECAGG_STRATEGIES)}"
+        )
+    per_round = max(math.floor(v["fraction-train"] * v["num-clients"] + 1e-9), 1)
+    if per_round < v["secagg-min-survivors"]:
+        raise ConfigError(
+            f"secure-aggregation = true needs at least secagg-min-survivors = {v['secagg-min-survivors']} "
+            f"clients per round (a sum of one client is that client's update); fraction-train = "
+            f"{v['fraction-train']} of num-clients = {v['num-clients']} samples {per_round}"
+        )
+    if v["secagg-min-survivors"] > v["num-clients"]:
+        raise ConfigError(f"secagg-min-survivors = {v['secagg-min-survivors']} exceeds num-clients = "
+                          f"{v['num-clients']}")
+    limit = (1 << (v["secagg-bits"] - 1)) - 1
+    if v["num-clients"] * round(v["secagg-clip"]) > limit:
+        raise ConfigError(
+            f"secagg-clip = {v['secagg-clip']} with num-clients = {v['num-clients']} leaves no headroom in "
+            f"{v['secagg-bits']}-bit words (num-clients * clip must stay below 2^{v['secagg-bits'] - 1}); "
+            "lower secagg-clip or use secagg-bits = 64"
         )
 
 

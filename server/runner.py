@@ -44,6 +44,17 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     x_test, y_test = load_test_set(config)
     arrays = model_to_arrays(model)
     strategy = build_strategy(config, roster, log)
+    grid_for_strategy: Grid = metered
+    if config["secure-aggregation"]:  # strategy -> SecureAggregationGrid -> MeteredGrid -> grid
+        from server.secagg_grid import SecureAggregationGrid, unit_records_for
+
+        if getattr(strategy, "needs_individual_replies", False):
+            log(f"secure aggregation refused: strategy {config['strategy']!r} needs individual replies")
+            raise ValueError(f"secure-aggregation = true cannot run strategy {config['strategy']!r}: it needs "
+                             "the individual replies, secure aggregation only yields their weighted sum")
+        grid_for_strategy = SecureAggregationGrid(metered, config, log=log,
+                                                  unit_records=unit_records_for(strategy, str(config["strategy"])))
+        grid_for_strategy.enroll(float(config["node-wait-timeout"]))
     writer = ResultsWriter(str(config["results-dir"]), str(config["run-name"]) or default_run_name(config))
     initial_loss, initial_accuracy = evaluate(model, x_test, y_test, device)
 
@@ -51,8 +62,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     for server_round in range(1, num_rounds + 1):
         metered.reset()
         t0 = time.perf_counter()
-        messages = strategy.configure_train(server_round, arrays, ConfigRecord(), metered)
-        replies = metered.send_and_receive(messages, timeout=float(config["round-timeout"]))
+        messages = strategy.configure_train(server_round, arrays, ConfigRecord(), grid_for_strategy)
+        replies = grid_for_strategy.send_and_receive(messages, timeout=float(config["round-timeout"]))
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
         if aggregated is not None:
             arrays = aggregated

@@ -157,13 +157,23 @@ def test_local_federation_script_tls_node_auth(tmp_path):
         # a key that was never registered is refused
         subprocess.run(["ssh-keygen", "-q", "-t", "ecdsa", "-b", "384", "-N", "", "-f",
                         str(tmp_path / "rogue.key")], check=True)
-        rogue = subprocess.run(
-            [str(DEPLOY / "start-supernode.sh"), "--superlink", f"127.0.0.1:{link_port}",
-             "--partition-id", "0", "--num-partitions", "3", "--key", str(tmp_path / "rogue.key"),
-             "--ca", str(certs / "ca.crt"), "--port", str(rogue_port), "--flwr-home", str(tmp_path / "rogue")],
-            env=env, capture_output=True, text=True, timeout=120)
-        assert rogue.returncode != 0
-        assert "Failed to activate SuperNode" in rogue.stdout + rogue.stderr
+        # (output to a file and wait(): with pipes, communicate() would keep the exited
+        # SuperNode a zombie, and its SuperExec child, which watches the parent pid,
+        # would hold the pipe open)
+        rogue_log = tmp_path / "rogue.log"
+        with rogue_log.open("w") as log:
+            rogue = subprocess.Popen(
+                [str(DEPLOY / "start-supernode.sh"), "--superlink", f"127.0.0.1:{link_port}",
+                 "--partition-id", "0", "--num-partitions", "3", "--key", str(tmp_path / "rogue.key"),
+                 "--ca", str(certs / "ca.crt"), "--port", str(rogue_port), "--flwr-home",
+                 str(tmp_path / "rogue")],
+                env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                rc = rogue.wait(timeout=120)
+            finally:
+                _kill_trees([rogue])
+        assert rc != 0
+        assert "Failed to activate SuperNode" in rogue_log.read_text()
         print(f"\nfederation up in {t_up:.1f}s, 3-round flwr run {t_run:.1f}s")
     finally:
         r = subprocess.run([script, "stop", *common], env=env, capture_output=True, text=True, timeout=60)

@@ -81,9 +81,9 @@ def test_dpsgd_train_runs_exact_steps_reproducibly_and_cleans_up():
             assert not m._forward_hooks and not m._backward_hooks and not getattr(m, "_forward_pre_hooks", {})
     assert results[0] == results[1] and all(torch.equal(a, b) for a, b in zip(weights[0], weights[1]))
     assert not all(torch.equal(a, b) for a, b in zip(weights[0], weights[2]))
-    # q|D| = 1.5: with 12 steps some Poisson batches are empty, and they are counted as steps
-    assert results[0].empty_batches + sum(1 for _ in range(0)) >= 0
-    assert results[0].mean_batch_size == pytest.approx(1.5, abs=1.5)
+    # q|D| = 1.5: P(empty) = 0.95^30 = 0.21, so some of the 12 steps are noise-only; all are counted
+    assert 0 <= results[0].empty_batches < 12
+    assert 0 < results[0].mean_batch_size < 5
 
 
 def test_all_empty_batches_still_count():
@@ -134,8 +134,8 @@ def test_every_model_trains_with_dpsgd(name, shape, classes):
     check_model(model)
     x, y = torch.randn(8, *shape), torch.randint(0, classes, (8,))
     before = [p.detach().clone() for p in model.parameters()]
-    r = dpsgd_train(model, x, y, steps=2, sample_rate=0.5, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.05, seed=3)
-    assert r.steps == 2
+    r = dpsgd_train(model, x, y, steps=1, sample_rate=0.25, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.05, seed=3)
+    assert r.steps == 1
     assert all(not torch.equal(p, b) for p, b in zip(model.parameters(), before))
 
 

@@ -81,6 +81,8 @@ def _cache_key(config: Mapping[str, Any]) -> tuple:
                              f"{RELEASED_CLIENTS} clients; set num-clients = {RELEASED_CLIENTS} "
                              f"(got {num_clients})")
         return (dataset, data_dir)
+    if dataset == "adult" and str(_get(config, "adult-split")) == "hu-devices":  # Hu et al.: adult_devices.py
+        return ("adult-hu-devices", data_dir, num_clients, seed, str(_get(config, "adult-eval")))
     if dataset in SPLIT_DATASETS:
         how = str(_get(config, "partition"))
         if how == "dirichlet":
@@ -104,6 +106,10 @@ def _build(key: tuple) -> Federation:
         return generate_synthetic(num_clients, dim, classes, alpha, beta, iid, seed)
     if dataset in RELEASED:
         return load_released(dataset, key[1])
+    if dataset == "adult-hu-devices":
+        from .adult_devices import load_adult_devices
+        _, data_dir, num_clients, seed, evaluate_on = key
+        return load_adult_devices(data_dir, num_clients, seed, evaluate_on)
     _, data_dir, how, param, num_clients, seed = key
     splits = load_splits(dataset, data_dir)
     rng = np.random.default_rng(seed)

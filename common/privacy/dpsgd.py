@@ -51,7 +51,12 @@ class IncompatibleModelError(ValueError):
 def check_model(model: nn.Module) -> None:
     """Raise IncompatibleModelError (listing every offending layer) unless Opacus
     can compute per-sample gradients for `model`."""
-    errors = ModuleValidator.validate(model, strict=False)
+    was_training = model.training
+    model.train()  # Opacus validates the training-mode model (e.g. BatchNorm running stats)
+    try:
+        errors = ModuleValidator.validate(model, strict=False)
+    finally:
+        model.train(was_training)
     if errors:
         lines = "\n".join(f"  - {e}" for e in errors)
         raise IncompatibleModelError(

@@ -144,6 +144,8 @@ def gaussian_release(noise_std: float, sensitivity: float, *, count: int = 1, re
     `sensitivity` for neighbours under `relation`; noise multiplier std/sensitivity."""
     std = _positive("noise_std", noise_std)
     sens = _positive("sensitivity", sensitivity)
+    if int(count) != count or count < 1:
+        raise ValueError(f"count must be a positive integer; got {count}")
     params = {"noise_multiplier": std / sens, "noise_std": std, "sensitivity": sens, "count": int(count),
               "relation": relation}
     return LedgerEntry("gaussian", params, _round(round), dict(meta))

@@ -1,15 +1,58 @@
-"""Build the strategy named in the run config."""
+"""Build the strategy named in the run config: the base algorithm, with its
+stragglers, wrapped in Upcycled-FL when `upcycled` is true."""
 
 from __future__ import annotations
 
-from common.config import RunConfig
+from common.config import ConfigError, RunConfig
 from server.roster import Roster
 
 
-def build_strategy(config: RunConfig, roster: Roster, log=print):
+def build_base(config: RunConfig, roster: Roster, log=print):
     name = config["strategy"]
+    args = (roster, int(config["seed"]), float(config["fraction-train"]), log)
     if name == "fedavg":
         from server.strategies.fedavg import FedAvg
 
-        return FedAvg(roster, int(config["seed"]), float(config["fraction-train"]), log)
+        return FedAvg(*args)
+    if name == "fedavgm":
+        from server.strategies.fedavgm import FedAvgM
+
+        return FedAvgM(*args, server_momentum=float(config["server-momentum"]),
+                       nesterov=bool(config["server-nesterov"]))
+    if name == "fedprox":
+        from server.strategies.fedprox import FedProx
+
+        return FedProx(*args, proximal_mu=float(config["prox-mu"]))
+    if name == "scaffold":
+        from server.strategies.scaffold import Scaffold
+
+        return Scaffold(*args, server_lr=float(config["scaffold-server-lr"]))
+    if name == "feddyn":
+        from server.strategies.feddyn import FedDyn
+
+        return FedDyn(*args, alpha=float(config["feddyn-alpha"]))
+    if name == "pfedme":
+        from server.strategies.pfedme import PFedMe
+
+        return PFedMe(*args)
+    if name == "fedyogi":
+        from server.strategies.fedyogi import FedYogi
+
+        return FedYogi(*args, eta=float(config["yogi-lr"]), tau=float(config["yogi-tau"]),
+                       beta_1=float(config["yogi-beta1"]), beta_2=float(config["yogi-beta2"]))
     raise ValueError(f"unknown strategy {name!r}")
+
+
+def build_strategy(config: RunConfig, roster: Roster, log=print):
+    strategy = build_base(config, roster, log)
+    if hasattr(strategy, "setup_stragglers"):
+        strategy.setup_stragglers(float(config["stragglers"]), int(config["local-epochs"]))
+    elif float(config["stragglers"]) > 0:
+        raise ConfigError(f"strategy {config['strategy']!r} does not support stragglers; set stragglers = 0")
+    if config["upcycled"]:
+        from server.strategies.upcycled import Upcycled, theta_schedule
+
+        theta = theta_schedule(float(config["upcycled-theta"]), float(config["upcycled-mu"]),
+                               float(config["upcycled-lambda"]), float(config["upcycled-lambda-growth"]))
+        strategy = Upcycled(strategy, theta, log)
+    return strategy

@@ -1,0 +1,443 @@
+"""The secure-aggregation grid: a Flower `Grid` between a strategy and the real grid.
+
+    strategy --> SecureAggregationGrid --> MeteredGrid --> Flower's grid / InProcessGrid
+
+The strategy's code is unchanged: it sends its `train` messages and gets
+replies. Underneath, this grid runs the masking protocol of `common/secagg`
+(client side: `client/secagg.py`), and the server never holds an unmasked
+update or an individual client's metrics.
+
+Messages and round trips
+------------------------
+* Enrollment, once per run (`enroll()`, called by the runner right after the
+  roster; again, for new nodes only, if a train message names a node not yet
+  enrolled): one `query.secagg_enroll` round trip to every connected node,
+  carrying a fresh random 63-bit protocol run id and the parameters'
+  fingerprint. Replies: each node's X25519 public key and its training-set
+  size. The server keeps the directory of public keys; it travels to each
+  node with that node's next train message (and again after any failure of
+  the node), so enrollment costs one round trip, not two.
+* A round, nobody drops: ONE round trip. Each train message gets a `secagg`
+  ConfigRecord: protocol run id, round t (this grid's own counter, strictly
+  increasing), the selected set (the nodes the strategy addressed), the weight
+  scale (the largest enrolled training-set size), the records to weight by 1
+  instead of by examples, and the directory digest (plus the directory itself
+  when needed). Each node replies with one masked vector of uint32/uint64 words
+  instead of its records (`client/secagg.py` for what it encodes).
+* Dropouts: nodes that did not reply in time, replied with an error, or sent
+  anything malformed (a bad layout, a vector that fails authentication or has
+  the wrong length, a value out of the codec range reported by the client)
+  are dropped for the round, with a log line naming the node and the reason.
+  If at least `secagg-min-survivors` remain, ONE more round trip
+  (`query.secagg_reveal`) asks every survivor for its summed masks with the
+  dropped nodes; otherwise, or if a survivor does not reveal, the round is
+  aborted: the strategy gets no reply and the model stays unchanged.
+
+The synthetic replies (the convention)
+--------------------------------------
+The server decodes the sums over the survivors S: sum_i w_i d_i (d_i the
+client's delta to the model it was sent, w_i = n_i / n_max), W = sum_i w_i,
+sum_i u_i for unit-weight records, and sum_i w_i m_i per metric. It hands the
+strategy |S| identical replies, one per survivor s, each with s's reply
+metadata (src node id = s, reply-to = s's instruction), holding:
+
+* each ArrayRecord of the clients' layout, in their order: the weighted mean
+  global + sum_i w_i d_i / W (examples-weighted records), or sum_i u_i / |S|
+  (unit-weight records; plus the global record of that name if there is one),
+  cast back to each array's dtype;
+* one MetricRecord: `num-examples` = 1, each metric's examples-weighted mean
+  sum_i w_i m_i / W, and `secagg-clients` = |S|, `secagg-dropped`,
+  `secagg-examples` = W * n_max (the round's total training examples).
+
+Why replicas of the mean rather than one reply: every weighted-sum strategy
+then aggregates exactly what it would have without secure aggregation.
+FedAvg-family averages of |S| identical arrays are that array (any weights);
+FedDyn's unweighted sum_i w_i and count |P| come out as |S| * mean and |S|
+(its model record is unit-weight); SCAFFOLD's sum_i delta c_i is |S| times
+the unit-weight mean. `num-examples` = 1 passes the runner's reply screening
+(positive, never above a node's enrolled size) and does not change any mean.
+Flower's SecAgg+ does the same (every FitRes is overwritten by the aggregate).
+Per-client values reported through metrics (pFedMe's personal accuracy)
+become the round's mean: only aggregated metrics exist here.
+
+Accuracy: each decoded value is within `codec.sum_error_bound(|S|)` of the
+exact sum (quantisation step 2^-f; `client.secagg.secagg_params`), so a mean
+is within that / W (model records) of the plaintext weighted mean, plus the
+float32 rounding of the final cast.
+
+Refused here: `evaluate` messages (their replies are per-client metrics) and
+`push_messages` of train messages (only `send_and_receive` runs the
+protocol). Which strategies may run on this grid is checked at config
+validation (`common.config.SECAGG_STRATEGIES`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+
+from client.secagg import (
+    ENROLL_TYPE,
+    RECORD,
+    REVEAL_TYPE,
+    directory_digest,
+    directory_fields,
+    flatten,
+    from_u64b,
+    ids_bytes,
+    layout_size,
+    mask_reveal_from_content,
+    masked_update_from_content,
+    reveal_request_to_content,
+    same_structure,
+    secagg_params,
+    u64b,
+    unflatten,
+)
+from common.records import NUM_EXAMPLES
+from common.secagg import EnrollRequest, ProtocolError, RoundAborted, SecAggServer
+
+# Records that enter the sum with weight 1 instead of the client's examples,
+# per strategy (a strategy object may override with `secagg_unit_records`).
+UNIT_RECORDS: dict[str, tuple[str, ...]] = {
+    "feddyn": ("arrays",),  # x <- (1/|P|) sum_i w_i - h/alpha: unweighted
+    "scaffold": ("control-delta",),  # c <- c + (1/N) sum_i delta c_i: unweighted
+}
+
+
+class SecureAggregationError(RuntimeError):
+    """A use of the grid secure aggregation cannot serve (evaluate messages, inconsistent instructions)."""
+
+
+@dataclass
+class RoundReport:
+    """What happened in the latest secure round (for logs, tests and benchmarks)."""
+
+    round: int = 0
+    selected: tuple[int, ...] = ()
+    survivors: tuple[int, ...] = ()
+    dropped: tuple[int, ...] = ()
+    problems: dict[int, str] = field(default_factory=dict)
+    round_trips: int = 0
+    aborted: str = ""
+    seconds_decode: float = 0.0
+
+
+def unit_records_for(strategy: Any, strategy_name: str) -> tuple[str, ...]:
+    declared = getattr(strategy, "secagg_unit_records", None)
+    if declared is not None:
+        return tuple(declared)
+    return UNIT_RECORDS.get(strategy_name, ())
+
+
+class SecureAggregationGrid(Grid):
+    """Runs the masking protocol inside `send_and_receive` (module docstring)."""
+
+    def __init__(self, inner: Grid, config: Mapping[str, Any], *, log: Callable[[str], None] = print,
+                 unit_records: Iterable[str] = (), run_id: int | None = None):
+        self.inner = inner
+        self.params = secagg_params(config)
+        self.protocol_run = int(run_id) if run_id is not None else secrets.randbits(63)
+        self.server = SecAggServer(self.protocol_run, self.params)
+        self.unit_records = tuple(unit_records)
+        self.log = log
+        self.enroll_timeout = float(config.get("node-wait-timeout", 120.0))
+        self.num_examples: dict[int, int] = {}
+        self.weight_scale = 0.0
+        self.round = 0
+        self.enrollments = 0  # enrollment round trips so far
+        self.report = RoundReport()
+        self._has_directory: set[int] = set()
+        self._layout: str | None = None
+
+    # -- Grid interface: delegation ----------------------------------------------
+    def set_run(self, run_id: int) -> None:
+        self.inner.set_run(run_id)
+
+    @property
+    def run(self):
+        return self.inner.run
+
+    def create_message(self, *args, **kwargs) -> Message:  # deprecated in Flower; kept for the interface
+        return self.inner.create_message(*args, **kwargs)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.inner.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        self._refuse(messages, "push_messages")
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        if not messages:
+            return []
+        train = [m for m in messages if m.metadata.message_type == MessageType.TRAIN]
+        if not train:
+            self._refuse(messages, "send_and_receive")
+            return self.inner.send_and_receive(messages, timeout=timeout)
+        if len(train) != len(messages):
+            raise SecureAggregationError("train messages cannot be mixed with other messages under secure aggregation")
+        return self._secure_round(train, timeout)
+
+    def _refuse(self, messages: list[Message], how: str) -> None:
+        for m in messages:
+            kind = m.metadata.message_type
+            if kind == MessageType.TRAIN:
+                raise SecureAggregationError(f"{how} of train messages bypasses secure aggregation; use send_and_receive")
+            if kind.split(".")[0] == MessageType.EVALUATE:
+                raise SecureAggregationError(
+                    "federated evaluation is not available under secure aggregation: its replies are per-client "
+                    "metrics (evaluate the global model on the server instead)")
+
+    # -- enrollment ---------------------------------------------------------------
+    def enroll(self, timeout: float | None = None, nodes: Iterable[int] | None = None) -> None:
+        """Enroll every connected node not enrolled yet (one `query.secagg_enroll` round trip)."""
+        nodes = sorted(set(self.inner.get_node_ids() if nodes is None else nodes) - set(self.server.enrolled))
+        if not nodes:
+            return
+        ask = ConfigRecord({"run": u64b(self.protocol_run), "params": self.params.fingerprint()})
+        msgs = [Message(RecordDict({RECORD: ConfigRecord(dict(ask))}), dst_node_id=n, message_type=ENROLL_TYPE)
+                for n in nodes]
+        replies = list(self.inner.send_and_receive(msgs, timeout=timeout or self.enroll_timeout))
+        self.enrollments += 1
+        added = []
+        for reply in replies:
+            src = reply.metadata.src_node_id
+            if src not in nodes:
+                continue
+            if reply.has_error():
+                self.log(f"secure aggregation: node {src} did not enroll: {_short(reply.error.reason)}")
+                continue
+            try:
+                cfg = reply.content[RECORD]
+                req = EnrollRequest(from_u64b(cfg["run"]), from_u64b(cfg["node"]), bytes(cfg["public-key"]))
+                if req.node_id != src:
+                    raise ValueError(f"enrollment names node {req.node_id}")
+                n_ex = int(cfg["num-examples"])
+                if n_ex < 0:
+                    raise ValueError(f"negative num-examples {n_ex}")
+                self.server.enroll(req)
+            except (KeyError, ValueError, TypeError, ProtocolError) as exc:
+                self.log(f"secure aggregation: node {src} sent a bad enrollment: {exc}")
+                continue
+            self.num_examples[src] = n_ex
+            added.append(src)
+        if added:
+            self._has_directory.clear()  # the directory changed: everyone gets the new one
+            self.weight_scale = float(max(max(self.num_examples.values()), 1))
+        missing = sorted(set(nodes) - set(added))
+        self.log(f"secure aggregation: {len(self.server.enrolled)} nodes enrolled (protocol run "
+                 f"{self.protocol_run}, {self.params.codec.mod_bits}-bit words, fixed point 2^-"
+                 f"{self.params.codec.frac_bits}, bound {self.params.codec.clip:g})"
+                 + (f"; not enrolled: {missing}" if missing else ""))
+
+    # -- a round --------------------------------------------------------------------
+    def _references(self, by_node: dict[int, Message]) -> dict[str, ArrayRecord]:
+        """The ArrayRecords every selected node was sent (they must be the same for all)."""
+        nodes = list(by_node)
+        first = by_node[nodes[0]].content
+        refs = {name: rec for name, rec in first.items() if isinstance(rec, ArrayRecord)}
+        for n in nodes[1:]:
+            content = by_node[n].content
+            for name, rec in refs.items():
+                other = content.get(name)
+                if other is rec:
+                    continue
+                if not isinstance(other, ArrayRecord) or not same_structure(rec, other) or not all(
+                        np.array_equal(rec[k].numpy(), other[k].numpy()) for k in rec.keys()):
+                    raise SecureAggregationError(
+                        f"record {name!r} differs between the nodes of one round: secure aggregation needs every "
+                        "selected node to get the same model")
+        return refs
+
+    def _check_layout(self, layout_json: str, refs: dict[str, ArrayRecord]) -> dict[str, Any]:
+        layout = json.loads(layout_json)
+        if not isinstance(layout, dict) or not isinstance(layout.get("records"), list) or not layout["records"]:
+            raise ValueError("layout has no records")
+        if not isinstance(layout.get("metric-record"), str):
+            raise ValueError("layout names no metric record")
+        for rec in layout["records"]:
+            name = rec["name"]
+            if not isinstance(name, str) or name in (RECORD, layout["metric-record"]):
+                raise ValueError(f"bad record name {name!r}")
+            if bool(rec["unit"]) != (name in self.unit_records):
+                raise ValueError(f"record {name!r} is weighted differently from the announcement")
+            for key, dtype, shape in rec["arrays"]:
+                np.dtype(dtype)
+                if not isinstance(key, str) or not all(isinstance(s, int) and s >= 0 for s in shape):
+                    raise ValueError(f"bad array entry {key!r}")
+            if rec["delta"]:
+                ref = refs.get(name)
+                if ref is None or [k for k, _, _ in rec["arrays"]] != list(ref.keys()) or any(
+                        tuple(shape) != tuple(ref[k].numpy().shape) for k, _, shape in rec["arrays"]):
+                    raise ValueError(f"record {name!r} is a delta but does not match the model sent")
+        return layout
+
+    def _secure_round(self, messages: list[Message], timeout: float | None) -> list[Message]:
+        by_node: dict[int, Message] = {}
+        for m in messages:
+            node = m.metadata.dst_node_id
+            if node in by_node:
+                raise SecureAggregationError(f"two train messages for node {node} in one round")
+            by_node[node] = m
+        not_enrolled = [n for n in by_node if n not in self.server.enrolled]
+        if not_enrolled:
+            self.enroll(nodes=not_enrolled)
+        self.round += 1
+        t = self.round
+        report = self.report = RoundReport(round=t)
+        left_out = sorted(n for n in by_node if n not in self.server.enrolled)
+        for n in left_out:
+            report.problems[n] = "not enrolled in secure aggregation"
+            self.log(f"secure aggregation round {t}: node {n} is not enrolled; left out")
+        selected = tuple(sorted(n for n in by_node if n in self.server.enrolled))
+        report.selected = selected
+        if len(selected) < self.params.min_survivors:
+            report.aborted = f"{len(selected)} enrolled nodes selected, fewer than {self.params.min_survivors}"
+            self.log(f"secure aggregation round {t}: aborted ({report.aborted}); the model stays unchanged")
+            return []
+        by_node = {n: by_node[n] for n in selected}
+        refs = self._references(by_node)
+        announcement = self.server.start_round(t, selected)
+        directory = self.server.directory()
+        common = {"run": u64b(self.protocol_run), "round": u64b(announcement.round),
+                  "selected": ids_bytes(announcement.selected), "weight-scale": float(self.weight_scale),
+                  "unit-records": ",".join(self.unit_records), "directory-digest": directory_digest(directory)}
+        full = {**common, **directory_fields(directory)}
+        out = []
+        for n, m in by_node.items():
+            cfg = ConfigRecord(dict(common if n in self._has_directory else full))
+            content = RecordDict({**dict(m.content.items()), RECORD: cfg})
+            out.append(Message(content, dst_node_id=n, message_type=m.metadata.message_type, ttl=m.metadata.ttl,
+                               group_id=m.metadata.group_id))
+        replies = list(self.inner.send_and_receive(out, timeout=timeout))
+        report.round_trips = 1
+        accepted: dict[int, Message] = {}
+        layout: dict[str, Any] | None = None
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if node not in by_node or node in accepted or node in report.problems:
+                self.log(f"secure aggregation round {t}: ignoring an unexpected reply from node {node}")
+                continue
+            problem = None
+            if reply.has_error():
+                problem = f"client error: {_short(reply.error.reason)}"
+            else:
+                try:
+                    cfg = reply.content[RECORD]
+                    if "error" in cfg:
+                        problem = f"client could not mask its update: {_short(str(cfg['error']))}"
+                    else:
+                        mu, layout_json = masked_update_from_content(reply.content)
+                        if mu.node_id != node:
+                            raise ValueError(f"the masked update names node {mu.node_id}")
+                        if self._layout is not None and layout_json != self._layout:
+                            raise ValueError("its layout differs from the other replies'")
+                        parsed = self._check_layout(layout_json, refs)
+                        if mu.masked.shape != (layout_size(parsed) + 1 + len(mu.metric_keys),):
+                            raise ValueError("its vector length does not match its layout")
+                        self.server.receive(mu)
+                        self._layout = layout_json
+                        layout = parsed
+                except (KeyError, ValueError, TypeError, ProtocolError) as exc:
+                    problem = f"malformed masked update ({type(exc).__name__}: {_short(str(exc))})"
+            if problem:
+                report.problems[node] = problem
+                self._has_directory.discard(node)
+                self.log(f"secure aggregation round {t}: dropping node {node}: {problem}")
+            else:
+                accepted[node] = reply
+                self._has_directory.add(node)
+        for n in self.server.pending():
+            if n not in report.problems:
+                report.problems[n] = "no reply before the timeout"
+                self._has_directory.discard(n)
+                self.log(f"secure aggregation round {t}: node {n} did not reply; dropped")
+        if self.server.pending():
+            request = self.server.declare_dropped()
+            if request is not None:
+                self._reveal(request, timeout, report)
+        try:
+            t0 = time.perf_counter()
+            result = self.server.result()
+        except RoundAborted as exc:
+            report.aborted = str(exc)
+            self.log(f"secure aggregation: {exc}; the model stays unchanged")
+            return []
+        report.survivors, report.dropped = tuple(result.survivors), tuple(result.dropped)
+        replies_out = self._synthetic_replies(result, layout, refs, accepted)
+        report.seconds_decode = time.perf_counter() - t0
+        return replies_out
+
+    def _reveal(self, request, timeout: float | None, report: RoundReport) -> None:
+        t = request.round
+        self.log(f"secure aggregation round {t}: {len(request.dropped)} dropped; asking "
+                 f"{len(request.survivors)} survivors to reveal their masks with them")
+        msgs = [Message(reveal_request_to_content(request), dst_node_id=s, message_type=REVEAL_TYPE)
+                for s in request.survivors]
+        replies = list(self.inner.send_and_receive(msgs, timeout=timeout))
+        report.round_trips += 1
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            try:
+                if reply.has_error():
+                    raise ValueError(f"client error: {_short(reply.error.reason)}")
+                rev = mask_reveal_from_content(reply.content)
+                if rev.node_id != node:
+                    raise ValueError(f"the reveal names node {rev.node_id}")
+                self.server.receive_reveal(rev)
+            except (KeyError, ValueError, TypeError, ProtocolError) as exc:
+                self.log(f"secure aggregation round {t}: bad mask reveal from node {node}: {_short(str(exc))}")
+        self.server.declare_reveal_timeout()
+
+    def _synthetic_replies(self, result, layout: dict[str, Any], refs: dict[str, ArrayRecord],
+                           accepted: dict[int, Message]) -> list[Message]:
+        survivors = list(result.survivors)
+        total_w = float(result.total_weight)
+        count = len(survivors)
+        values = result.weighted_sum
+        records: dict[str, ArrayRecord] = {}
+        offset = 0
+        for rec in layout["records"]:
+            size = sum(int(np.prod(shape, dtype=np.int64)) if shape else 1 for _, _, shape in rec["arrays"])
+            seg = values[offset:offset + size]
+            offset += size
+            if rec["unit"]:
+                mean = seg / count
+            else:
+                if not total_w > 0:
+                    self.log(f"secure aggregation round {result.round}: total weight {total_w} is not positive; "
+                             "the model stays unchanged")
+                    return []
+                mean = seg / total_w
+            if rec["delta"]:
+                mean = mean + flatten(refs[rec["name"]])
+            records[rec["name"]] = unflatten(mean, rec["arrays"])
+        metrics: dict[str, float | int] = {}
+        if total_w > 0:
+            metrics.update({k: float(v) / total_w for k, v in result.metrics.items()})
+        metrics.update({"secagg-clients": count, "secagg-dropped": len(result.dropped),
+                        "secagg-examples": float(total_w * self.weight_scale)})
+        out = []
+        for s in survivors:
+            content = RecordDict({**records, layout["metric-record"]: MetricRecord({NUM_EXAMPLES: 1, **metrics})})
+            out.append(Message(content=content, metadata=copy.copy(accepted[s].metadata)))
+        return out
+
+
+def _short(text: str, limit: int = 300) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,52 @@
+"""pFedMe (Dinh et al. 2020) as the Upcycled-FL code runs it; not in Flower.
+
+The server is FedAvg's p-weighted average of the clients' local models (the
+code's beta is unused, i.e. beta = 1). The personalised models stay on the
+clients (`Context.state`, client/updates/pfedme.py); each trained client
+reports its personalised model's accuracy on its own test split.
+
+The paper's pFedMe numbers are the test-size-weighted accuracy of all
+clients' personalised models. The server cannot ask idle clients (that would
+be a message), so it keeps each client's latest report and adds to the
+round's train metrics `personal-accuracy` (weighted by test examples over
+every client that has trained so far) and `personal-clients` (how many).
+Clients never sampled yet are missing from it, unlike in the authors' code,
+which evaluates all personalised models (untrained ones = the initial model).
+The runner's central accuracy remains the global model's.
+
+Upcycled-FL: even rounds extrapolate the global model only; personalised
+models are not updated (no client is contacted), as in the authors' code.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from flwr.app import ArrayRecord, Message, MetricRecord
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+from server.roster import Roster
+from server.strategies.fedavg import RosterSampling
+
+
+class PFedMe(RosterSampling, FlowerFedAvg):
+    def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print):
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
+                         min_available_nodes=len(roster.node_of))
+        self.setup_sampling(roster, seed, fraction_train, log)
+        self.personal: dict[int, tuple[float, int]] = {}  # partition -> (accuracy, test examples)
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        good = self.screened(replies)
+        arrays, metrics = super().aggregate_train(server_round, good)
+        for msg in good:
+            reported = next(iter(msg.content.metric_records.values()))
+            acc, n_test = reported.get("personal-accuracy"), reported.get("test-examples")
+            if isinstance(acc, (int, float)) and isinstance(n_test, (int, float)) and 0 <= acc <= 1 and n_test > 0:
+                self.personal[self._partition_of[msg.metadata.src_node_id]] = (float(acc), int(n_test))
+        if metrics is not None and self.personal:
+            total = sum(n for _, n in self.personal.values())
+            metrics["personal-accuracy"] = sum(a * n for a, n in self.personal.values()) / total
+            metrics["personal-clients"] = len(self.personal)
+        return arrays, metrics

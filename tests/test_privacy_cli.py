@@ -1,0 +1,64 @@
+"""`privfed privacy`: the calculator's text and JSON output."""
+
+import json
+
+import pytest
+
+from cli.main import main
+from common.privacy.events import dpsgd_steps, post_processing
+from common.privacy.ledger import PrivacyLedger
+
+
+def _run(capsys, *argv):
+    rc = main(["privacy", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_epsilon_json_and_text(capsys):
+    rc, out, _ = _run(capsys, "epsilon", "--q", "0.0256", "--sigma", "1", "--steps", "3000", "--delta", "1e-5",
+                      "--json")
+    assert rc == 0
+    obj = json.loads(out)
+    assert list(obj) == ["epsilon"] and obj["epsilon"] == pytest.approx(10.18, abs=0.02)
+    rc, out, _ = _run(capsys, "epsilon", "--q", "0.0256", "--sigma", "1", "--steps", "200", "--delta", "1e-5")
+    assert rc == 0 and "epsilon = 2.78" in out and out.count("\n") == 1
+
+
+def test_epsilon_pld_is_below_rdp(capsys):
+    args = ["epsilon", "--q", "0.0256", "--sigma", "1", "--steps", "200", "--delta", "1e-5", "--json"]
+    rdp = json.loads(_run(capsys, *args)[1])["epsilon"]
+    pld = json.loads(_run(capsys, *args, "--accountant", "pld")[1])["epsilon"]
+    classic = json.loads(_run(capsys, *args, "--conversion", "classic")[1])["epsilon"]
+    assert pld < rdp < classic
+
+
+def test_sigma_and_steps(capsys):
+    rc, out, _ = _run(capsys, "sigma", "--epsilon", "2.79", "--delta", "1e-5", "--q", "0.0256", "--steps", "200",
+                      "--json")
+    assert rc == 0 and json.loads(out)["sigma"] == pytest.approx(1.0, abs=2e-3)
+    common = ["--epsilon", "2", "--delta", "1e-5", "--q", "0.015", "--sigma", "1.1", "--conversion", "classic",
+              "--orders", "integer", "--json"]
+    assert json.loads(_run(capsys, "steps", *common)[1]) == {"steps": 314}
+    assert json.loads(_run(capsys, "steps", *common, "--search", "ali-code")[1]) == {"steps": 317}
+    rc, out, _ = _run(capsys, "steps", *common[:-1])
+    assert rc == 0 and out.startswith("R_c = 314 steps")
+
+
+def test_errors_go_to_stderr_with_status_2(capsys):
+    rc, out, err = _run(capsys, "epsilon", "--q", "2", "--sigma", "1", "--steps", "10", "--delta", "1e-5")
+    assert rc == 2 and out == "" and "error" in err
+    with pytest.raises(SystemExit):
+        main(["privacy", "epsilon", "--q", "0.1", "--sigma", "1", "--steps", "10", "--delta", "1e-5",
+              "--accountant", "moments"])
+
+
+def test_ledger_report(capsys, tmp_path):
+    path = tmp_path / "ledger.json"
+    PrivacyLedger([dpsgd_steps(0.0256, 1.0, 200, round=1), post_processing(round=2, note="even round")]).save(path)
+    rc, out, _ = _run(capsys, "ledger", str(path), "--delta", "1e-5")
+    assert rc == 0 and "round 2: post-processing (even round)" in out and "epsilon [pld]" in out
+    rc, out, _ = _run(capsys, "ledger", str(path), "--delta", "1e-5", "--json")
+    assert json.loads(out)["epsilon"] == pytest.approx(2.79, abs=0.02)
+    rc, _, err = _run(capsys, "ledger", str(tmp_path / "missing.json"), "--delta", "1e-5")
+    assert rc == 2 and "error" in err

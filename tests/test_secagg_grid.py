@@ -1,0 +1,267 @@
+"""The secure-aggregation grid (server/secagg_grid.py + client/secagg.py) on the
+in-process engine: same model as plaintext FedAvg within the quantisation
+bound, dropout recovery, nothing unmasked ever reaches the server, refusals."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
+from flwr.serverapp import Grid
+
+from client.secagg import (
+    RECORD,
+    VECTOR,
+    WORDS,
+    handle_enroll,
+    handle_reveal,
+    secagg_params,
+    secure_train,
+)
+from common.config import ConfigError, _check_secure_aggregation, defaults, validate
+from server.inprocess import CLIENT_APP
+from server.inprocess_grid import InProcessGrid
+from server.runner import run_federation
+from server.secagg_grid import SecureAggregationError, SecureAggregationGrid
+
+BASE = {"num-clients": 4, "num-rounds": 3, "seed": 5, "dataset": "synthetic", "local-epochs": 1}
+
+
+class Recorder(Grid):
+    """Below the secure grid: records every message the server receives; can drop or corrupt replies."""
+
+    def __init__(self, inner: Grid, drop: dict[int, int] | None = None, corrupt: dict[int, int] | None = None):
+        self.inner, self.received, self.train_round = inner, [], 0
+        self.drop, self.corrupt = drop or {}, corrupt or {}  # train round -> partition index
+
+    def set_run(self, run_id):
+        self.inner.set_run(run_id)
+
+    @property
+    def run(self):
+        return self.inner.run
+
+    def create_message(self, *a, **k):
+        return self.inner.create_message(*a, **k)
+
+    def get_node_ids(self):
+        return self.inner.get_node_ids()
+
+    def push_messages(self, messages):
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, ids):
+        return self.inner.pull_messages(ids)
+
+    def send_and_receive(self, messages: Iterable[Message], *, timeout=None):
+        messages = list(messages)
+        is_train = messages and messages[0].metadata.message_type == MessageType.TRAIN
+        replies = list(self.inner.send_and_receive(messages, timeout=timeout))
+        self.received.extend(replies)
+        if not is_train:
+            return replies
+        self.train_round += 1
+        nodes = list(self.inner.get_node_ids())
+        out = []
+        for r in replies:
+            node = r.metadata.src_node_id
+            if self.drop.get(self.train_round) is not None and node == nodes[self.drop[self.train_round]]:
+                continue  # lost: as if it missed the timeout
+            if self.corrupt.get(self.train_round) is not None and node == nodes[self.corrupt[self.train_round]]:
+                words = r.content[VECTOR][WORDS].numpy().copy()
+                words[:10] ^= np.uint32(0x5A5A5A5A)
+                r.content[VECTOR] = ArrayRecord({WORDS: words})
+            out.append(r)
+        return out
+
+
+def run(tmp_path: Path, name: str, recorder_args: dict | None = None, **overrides):
+    config = validate({**BASE, **overrides, "results-dir": str(tmp_path), "run-name": name})
+    with InProcessGrid(CLIENT_APP, dict(config), int(config["num-clients"])) as grid:
+        recorder = Recorder(grid, **(recorder_args or {}))
+        out = run_federation(recorder, config)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return out, rows, recorder, config
+
+
+def model(out: Path) -> dict[str, np.ndarray]:
+    data = np.load(out / "model.npz")
+    return {k: data[k] for k in data.files}
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("plain"), "plain")
+
+
+@pytest.fixture(scope="module")
+def secure(tmp_path_factory):
+    return run(tmp_path_factory.mktemp("secure"), "secure", **{"secure-aggregation": True})
+
+
+def test_secure_fedavg_matches_plain_within_quantisation_bound(plain, secure):
+    out_p, rows_p, _, _ = plain
+    out_s, rows_s, _, config = secure
+    codec = secagg_params(config).codec
+    # per round the mean is within n * 2^-(f+1) / W of the exact one (W >= 1 here: weights n_i / max n_i),
+    # plus float32 rounding; three rounds of local training from slightly different models
+    bound = 3 * 10 * (4 * codec.step_error) + 1e-5
+    for key, a in model(out_p).items():
+        assert np.abs(a - model(out_s)[key]).max() <= bound, key
+    for a, b in zip(rows_p, rows_s, strict=True):
+        assert a["accuracy"] == pytest.approx(b["accuracy"], abs=2e-3)
+        assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-4)  # only aggregated metrics, same mean
+        assert b["clients"] == 4
+
+
+def test_bytes_up_close_to_plaintext(plain, secure):
+    _, rows_p, _, _ = plain
+    _, rows_s, _, _ = secure
+    for a, b in zip(rows_p, rows_s):
+        assert b["bytes_up"] <= 1.1 * a["bytes_up"] + 4 * 400  # uint32 words + a small header per client
+
+
+def test_server_never_receives_an_unmasked_update(plain, secure):
+    _, _, rec_p, _ = plain
+    _, _, rec_s, config = secure
+    codec = secagg_params(config).codec
+    plain_models = [r.content["arrays"] for r in rec_p.received
+                    if r.metadata.message_type == MessageType.TRAIN and not r.has_error()]
+    assert plain_models
+    needles = [np.asarray(a.numpy()).ravel()[:8].tobytes() for rec in plain_models for a in rec.values()]
+    kinds = set()
+    for reply in rec_s.received:
+        assert not reply.has_error()
+        kinds.add(reply.metadata.message_type)
+        for name, record in reply.content.items():
+            if isinstance(record, ArrayRecord):
+                assert name == VECTOR and list(record.keys()) == [WORDS]
+                words = record[WORDS].numpy()
+                assert words.dtype == np.uint32
+                blob = words.tobytes()
+                assert not any(n in blob for n in needles)
+                # masked words are uniform mod 2^32: an unmasked encoding would sit within
+                # +-clip * 2^f (= 2^29 here) of zero; masked, the median |centred word| is ~2^30
+                centred = np.abs(words.view(np.int32).astype(np.int64))
+                assert np.median(centred) > 2 ** 28
+                assert np.mean(centred < codec.q_max // 8) < 0.2
+            elif name == RECORD:
+                assert set(record.keys()) <= {"run", "node", "public-key", "num-examples", "round", "context",
+                                              "metric-keys", "tag", "layout", "dropped"}
+            else:
+                pytest.fail(f"unexpected record {name!r} in a reply under secure aggregation")
+    assert kinds == {"query.enroll", "query.secagg_enroll", MessageType.TRAIN}
+
+
+def test_dropout_mid_round_is_recovered(tmp_path, plain):
+    # round 2: node of partition 1 loses its reply (timeout); round 3: partition 2's vector is corrupted
+    out, rows, rec, config = run(tmp_path, "drop", {"drop": {2: 1}, "corrupt": {3: 2}},
+                                 **{"secure-aggregation": True})
+    assert [r["round"] for r in rows] == [1, 2, 3]
+    reveals = [r for r in rec.received if r.metadata.message_type == "query.secagg_reveal"]
+    assert len(reveals) == 6 and not any(r.has_error() for r in reveals)  # 3 survivors, twice
+    assert rows[1]["accuracy"] > 0.3 and rows[2]["accuracy"] >= rows[1]["accuracy"] - 0.05
+    assert all(np.isfinite(v).all() for v in model(out).values())
+
+
+def test_dropout_equals_plain_fedavg_over_the_survivors(tmp_path):
+    """One round, 4 nodes, one lost reply: the aggregate is the plaintext FedAvg of the other three."""
+    config = validate({**BASE, "num-rounds": 1, "secure-aggregation": True})
+    with InProcessGrid(CLIENT_APP, dict(config), 4) as grid:
+        nodes = list(grid.get_node_ids())
+        rec = Recorder(grid, drop={1: 0})
+        secure = SecureAggregationGrid(rec, config, log=lambda s: None)
+        secure.enroll(10.0)
+        rng = np.random.default_rng(0)
+        model = ArrayRecord({"w": rng.normal(size=(5, 3)).astype(np.float32), "b": np.zeros(3, np.float32)})
+        msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": 1})}),
+                        dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+        replies = secure.send_and_receive(msgs, timeout=30)
+        assert secure.report.dropped == (min(nodes[0], nodes[0]),) and secure.report.round_trips == 2
+        survivors = sorted(nodes[1:])
+        assert sorted(r.metadata.src_node_id for r in replies) == survivors
+        # the same instruction in plaintext to the survivors' nodes (deterministic local training)
+        plain_cfg = validate({**BASE, "num-rounds": 1})
+        with InProcessGrid(CLIENT_APP, dict(plain_cfg), 4) as plain_grid:
+            plain_replies = list(plain_grid.send_and_receive(
+                [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": 1})}),
+                         dst_node_id=n, message_type=MessageType.TRAIN) for n in plain_grid.get_node_ids()][1:]))
+        weights = np.array([r.content["metrics"]["num-examples"] for r in plain_replies], dtype=np.float64)
+        codec = secagg_params(config).codec
+        bound = 3 * codec.step_error / (weights.sum() / max(secure.num_examples.values())) + 1e-6
+        for key in ("w", "b"):
+            exact = sum(w * r.content["arrays"][key].numpy().astype(np.float64)
+                        for w, r in zip(weights, plain_replies)) / weights.sum()
+            for r in replies:
+                assert np.abs(r.content["arrays"][key].numpy() - exact).max() <= bound
+        metrics = replies[0].content["metrics"]
+        assert metrics["num-examples"] == 1 and metrics["secagg-clients"] == 3 and metrics["secagg-dropped"] == 1
+        assert metrics["secagg-examples"] == pytest.approx(weights.sum())
+        exact_loss = float((weights * [r.content["metrics"]["train-loss"] for r in plain_replies]).sum() / weights.sum())
+        assert metrics["train-loss"] == pytest.approx(exact_loss, abs=1e-4)
+
+
+def test_too_few_survivors_leaves_the_model_unchanged(tmp_path):
+    config = validate({**BASE, "num-clients": 2, "num-rounds": 1, "secure-aggregation": True})
+    with InProcessGrid(CLIENT_APP, dict(config), 2) as grid:
+        secure = SecureAggregationGrid(Recorder(grid, drop={1: 0}), config, log=lambda s: None)
+        secure.enroll(10.0)
+        model = ArrayRecord({"w": np.ones((60, 10), np.float32), "b": np.zeros(10, np.float32)})
+        # the synthetic model's state_dict keys are "1.weight"/"1.bias": a foreign record still masks as a delta
+        msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": 1})}),
+                        dst_node_id=n, message_type=MessageType.TRAIN) for n in grid.get_node_ids()]
+        assert secure.send_and_receive(msgs, timeout=10) == []
+        assert "fewer than min_survivors" in secure.report.aborted or secure.report.problems
+
+
+def test_refusals():
+    with pytest.raises(ConfigError, match="needs the individual replies"):
+        _check_secure_aggregation({**defaults(), "secure-aggregation": True, "strategy": "fedmedian"})
+    with pytest.raises(ConfigError, match="at least secagg-min-survivors"):
+        validate({"secure-aggregation": True, "num-clients": 10, "fraction-train": 0.1})
+    with pytest.raises(ConfigError, match="no headroom"):
+        validate({"secure-aggregation": True, "num-clients": 8, "secagg-clip": 2.0 ** 30})
+    assert validate({"secure-aggregation": True, "strategy": "scaffold"})["secure-aggregation"] is True
+    config = validate({**BASE, "secure-aggregation": True})
+    with InProcessGrid(CLIENT_APP, dict(config), 4) as grid:
+        secure = SecureAggregationGrid(grid, config, log=lambda s: None)
+        node = list(grid.get_node_ids())[0]
+        with pytest.raises(SecureAggregationError, match="federated evaluation"):
+            secure.send_and_receive([Message(RecordDict(), dst_node_id=node, message_type=MessageType.EVALUATE)])
+        with pytest.raises(SecureAggregationError, match="bypasses"):
+            secure.push_messages([Message(RecordDict(), dst_node_id=node, message_type=MessageType.TRAIN)])
+
+
+def test_client_refuses_unmasked_train_and_survives_fresh_processes():
+    """A node with secure-aggregation on never answers a plain train message, and its protocol
+    state lives only in Context.state (serialised between messages, as in deployment)."""
+    config = validate({**BASE, "secure-aggregation": True})
+    with InProcessGrid(CLIENT_APP, dict(config), 4) as grid:
+        node = list(grid.get_node_ids())[0]
+        reply = grid.send_and_receive([Message(RecordDict({"arrays": ArrayRecord(), "config": ConfigRecord()}),
+                                               dst_node_id=node, message_type=MessageType.TRAIN)])
+        assert reply[0].has_error() and "refusing to send an unmasked update" in reply[0].error.reason
+
+    # every message in a "fresh process": Context.state goes through Flower's protobuf serialisation
+    import client.secagg as cs
+    from client.node import local_client
+
+    contexts = {}
+    with InProcessGrid(CLIENT_APP, dict(config), 4) as inner:
+        class Fresh(Recorder):
+            def send_and_receive(self, messages, *, timeout=None):
+                replies = super().send_and_receive(messages, timeout=timeout)
+                for n, ctx in inner.contexts.items():
+                    ctx.state = recorddict_from_proto(recorddict_to_proto(ctx.state))
+                    contexts[n] = ctx
+                return replies
+
+        config1 = config.replace(num_rounds=2)
+        out = run_federation(Fresh(inner), config1.replace(results_dir="/tmp/privfed-fresh", run_name="fresh"))
+    assert all("secagg-client" in c.state for c in contexts.values())
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["clients"] == 4
