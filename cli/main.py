@@ -6,7 +6,7 @@ import argparse
 import sys
 
 # Each module defines register(subparsers) and sets `func` on its parsers.
-SUBCOMMANDS = ("cli.privacy",)
+SUBCOMMANDS = ("cli.run", "cli.repro", "cli.report", "cli.data", "cli.privacy")
 
 
 def build_parser() -> argparse.ArgumentParser:

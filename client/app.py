@@ -7,6 +7,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client.node import local_client
+from client.privacy import BudgetExhausted, refusal
 from client.secagg import handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
 from common.evaluation import evaluate
@@ -30,10 +31,13 @@ def enroll(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     client = local_client(context)
-    rule = update_rule(str(client.config["strategy"]))
-    if client.config["secure-aggregation"] or is_secure(msg):  # reply with a masked vector (client/secagg.py)
-        return secure_train(rule, client, msg, context)
-    return Message(rule(client, msg.content, context.state), reply_to=msg)
+    rule = update_rule(str(client.config["strategy"]), str(client.config["privacy"]))
+    try:
+        if client.config["secure-aggregation"] or is_secure(msg):  # reply with a masked vector (client/secagg.py)
+            return secure_train(rule, client, msg, context)
+        return Message(rule(client, msg.content, context.state), reply_to=msg)
+    except BudgetExhausted as refused:  # a typed refusal, not a crash
+        return refusal(msg, refused)
 
 
 @app.query("secagg_enroll")

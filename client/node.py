@@ -59,8 +59,10 @@ def partition_of(context: Context, config: RunConfig) -> int:
 class LocalClient:
     """One partition's data and model, on this node's device."""
 
-    def __init__(self, config: RunConfig, partition: int):
+    def __init__(self, config: RunConfig, partition: int, run_id: int = 0, node_config: dict | None = None):
         self.config, self.partition = config, partition
+        self.run_id, self.node_config = run_id, dict(node_config or {})
+        self._ledger = None
         self.device = pick_device(str(config["device"]))
         data = load_client(config, partition)
         self.num_train = data.num_train
@@ -70,6 +72,15 @@ class LocalClient:
         federation = load_federation(config)  # cached per process
         name = resolve_model_name(str(config["model"]), str(config["dataset"]))
         self.model = build_model(name, federation.input_shape, federation.num_classes).to(self.device)
+
+    @property
+    def ledger(self):
+        """This partition's privacy ledger for this run (opened from disk once per process)."""
+        if self._ledger is None:
+            from client.privacy import open_ledger
+
+            self._ledger = open_ledger(self.config, self.node_config, self.run_id, self.partition)
+        return self._ledger
 
 
 _local: dict[tuple, LocalClient] = {}
@@ -81,5 +92,5 @@ def local_client(context: Context) -> LocalClient:
     key = (context.run_id, partition, tuple(sorted(config.items())))
     if key not in _local:
         _local.clear()  # one run per process at a time; free the previous one
-        _local[key] = LocalClient(config, partition)
+        _local[key] = LocalClient(config, partition, context.run_id, dict(context.node_config))
     return _local[key]

@@ -150,6 +150,23 @@ SCHEMA: dict[str, Key] = {
                          "'paper' = Thm 1, 2 tau G^2 / (r m gamma sigma^2) with r only under secure "
                          "aggregation; 'paper-dsgd' = the DP-DSGD baseline formula 2 G^2 / (n gamma^2 sigma^2) "
                          "(tau = 1)", choices=("conservative", "paper", "paper-dsgd")),
+    # privacy: DP-SGD, ledgers and budgets (common/privacy, client/privacy.py)
+    "privacy": Key("none", "client-side DP mechanism: none, or dpsgd (Opacus DP-SGD: Poisson sampling, "
+                   "per-sample clipping, Gaussian noise; counted in local-steps)", choices=("none", "dpsgd")),
+    "local-steps": Key(0, "local optimizer steps per round instead of local-epochs (0: use local-epochs); "
+                       "privacy = dpsgd needs it > 0", low=0),
+    "dp-sample-rate": Key(0.01, "DP-SGD Poisson sampling rate q (expected batch q*|D|)", low=0.0, high=1.0,
+                          low_open=True),
+    "dp-clip": Key(1.0, "DP-SGD per-sample gradient L2 clipping norm C", low=0.0, low_open=True),
+    "dp-noise-multiplier": Key(1.0, "DP-SGD noise multiplier sigma (noise std sigma*C on the summed gradient)",
+                               low=0.0),
+    "target-epsilon": Key(0.0, "each client's privacy budget: it refuses training that would take its epsilon "
+                          "past this (0: no budget; epsilon is still reported)", low=0.0),
+    "target-delta": Key(1e-5, "delta of every epsilon reported and of the budget", low=0.0, high=1.0, low_open=True),
+    "accountant": Key("rdp", "accountant for budgets and reports (dp-accounting): rdp or pld",
+                      choices=("rdp", "pld")),
+    "state-dir": Key("", "where each node keeps its privacy ledger; empty: $PRIVFED_STATE_DIR, else "
+                     "<results-dir>/node-state"),
     # results
     "results-dir": Key("results", "folder for results/<run-name>/; relative paths resolve "
                        "against the ServerApp process's working directory"),
@@ -221,6 +238,9 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
             f"set num-clients = 30 (got {v['num-clients']})"
         )
     _check_secure_aggregation(v)
+    if v["privacy"] == "dpsgd" and v["local-steps"] == 0:
+        raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
+                          "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")
 
 
 # secure aggregation and DP-FedAvg (Hu et al.) ------------------------------------
@@ -239,6 +259,9 @@ def _check_secure_aggregation(v: Mapping[str, Scalar]) -> None:
         raise ConfigError(f"adult-split = 'hu-devices' deals {HU_DEVICE_SIZE} rows to each of at most "
                           f"{HU_DEVICES} devices; got num-clients = {v['num-clients']}")
     if v["strategy"] == "dpfedavg-hu":
+        if v.get("privacy", "none") != "none":
+            raise ConfigError("strategy 'dpfedavg-hu' brings its own mechanism (noise at every local step, "
+                              f"hu-* keys): set privacy = 'none' (got {v['privacy']!r})")
         if v["hu-clip"] == 0 and (v["hu-sigma"] > 0 or v["hu-epsilon"] > 0):
             raise ConfigError("hu-clip = 0 (no clipping) is only the non-private baseline: it needs hu-sigma = 0 "
                               "and hu-epsilon = 0 (noise without a clipping bound has no privacy guarantee)")

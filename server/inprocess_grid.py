@@ -8,14 +8,24 @@ runtime would set (message id, src/dst node ids, reply-to id), and a ClientApp
 exception becomes an error reply, never an exception in the server.
 
 `workers = 1` runs clients one after another in this process. `workers = N`
-runs them in N worker processes; each node is pinned to one worker so its
-`Context.state` lives on between messages.
+runs them in N worker processes (spawned; each with `cpu_count // N` torch
+threads); each node is pinned to one worker so its `Context.state` lives on
+between messages. Results do not depend on `workers`.
+
+Timeouts (`send_and_receive(..., timeout=T)`): replies that are not ready
+within T seconds are dropped, as in Flower. With `workers = 1` a running
+client cannot be interrupted: once the deadline has passed, the reply of the
+client that was running is dropped and the remaining messages are not
+delivered at all. With workers, the late clients finish in the background and
+their replies are discarded.
 """
 
 from __future__ import annotations
 
 import importlib
 import multiprocessing
+import secrets
+import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from typing import Iterable
@@ -50,8 +60,15 @@ def deliver(client_app, message: Message, context: Context) -> Message:
     try:
         reply = client_app(message, context)
     except Exception as ex:  # a client failure is a reply, not a server crash
-        reason = f"{type(ex)}:<'{ex}'>\n{traceback.format_exc(limit=8)}"
-        reply = Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message)
+        return error_reply(message, ex, ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
+    reply.metadata.__dict__["_message_id"] = str(uuid4())
+    return reply
+
+
+def error_reply(message: Message, ex: BaseException, code: int) -> Message:
+    """An error reply to `message`, with the exception and a short traceback as the reason."""
+    tb = "".join(traceback.format_exception(ex, limit=8))
+    reply = Message(Error(code=code, reason=f"{type(ex)}:<'{ex}'>\n{tb}"), reply_to=message)
     reply.metadata.__dict__["_message_id"] = str(uuid4())
     return reply
 
@@ -75,8 +92,10 @@ def _worker_deliver(message: Message) -> Message:
 
 
 class InProcessGrid(Grid):
-    def __init__(self, client_app_spec: str, run_config: dict, num_nodes: int, *, run_id: int = 1,
+    def __init__(self, client_app_spec: str, run_config: dict, num_nodes: int, *, run_id: int | None = None,
                  workers: int = 1):
+        # A fresh run id per run, as Flower's: node state (privacy ledgers) is keyed by it.
+        run_id = secrets.randbits(63) if run_id is None else run_id
         self.run_id, self.workers = run_id, workers
         self.node_ids = node_ids_for(run_id, num_nodes)
         self.contexts = {
@@ -85,7 +104,10 @@ class InProcessGrid(Grid):
                           state=RecordDict(), run_config=dict(run_config))
             for i, node in enumerate(self.node_ids)
         }
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
         self._replies: dict[str, Message | Future] = {}
+        self._sent: dict[str, Message] = {}  # messages out to workers, for error replies
         TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = run_id, SUPERLINK_NODE_ID, run_id
         self._pools: list[ProcessPoolExecutor] = []
         if workers > 1:
@@ -140,6 +162,7 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_run_id"] = self.run_id
             msg.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
             if self._pools:
+                self._sent[msg_id] = msg
                 self._replies[msg_id] = self._pool_of[node].submit(_worker_deliver, msg)
             else:
                 self._replies[msg_id] = deliver(self.client_app, msg, self.contexts[node])
@@ -153,18 +176,35 @@ class InProcessGrid(Grid):
             if isinstance(reply, Future):
                 if not reply.done():
                     continue
-                reply = reply.result()
+                try:
+                    reply = reply.result()
+                except Exception as ex:  # the worker process died or could not run the message
+                    reply = error_reply(self._sent[msg_id], ex, ErrorCode.UNKNOWN)
             if reply is not None:
                 out.append(reply)
                 del self._replies[msg_id]
+                self._sent.pop(msg_id, None)
         return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
-        ids = list(self.push_messages(messages))
-        pending = [self._replies[i] for i in ids if isinstance(self._replies[i], Future)]
-        if pending:
-            wait(pending, timeout=timeout)
-        replies = list(self.pull_messages(ids))
-        for msg_id in ids:  # replies that missed the timeout are dropped, as in Flower
-            self._replies.pop(msg_id, None)
+        messages = list(messages)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if self._pools:
+            ids = list(self.push_messages(messages))
+            pending = [self._replies[i] for i in ids if isinstance(self._replies[i], Future)]
+            if pending:
+                wait(pending, timeout=timeout)
+            replies = list(self.pull_messages(ids))
+            for msg_id in ids:  # replies that missed the timeout are dropped, as in Flower
+                self._replies.pop(msg_id, None)
+                self._sent.pop(msg_id, None)
+            return replies
+        replies = []
+        for msg in messages:  # one after another; stop at the deadline
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            (msg_id,) = self.push_messages([msg])
+            reply = self._replies.pop(msg_id)
+            if deadline is None or time.monotonic() <= deadline:
+                replies.append(reply)
         return replies

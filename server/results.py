@@ -68,6 +68,27 @@ class ResultsWriter:
     def plot_accuracy(self, title: str) -> Path:
         return plot_accuracy(self.rows, self.run_dir / "accuracy.png", title)
 
+    def plot_accuracy_vs_epsilon(self, title: str) -> Path:
+        return plot_accuracy_vs_epsilon(self.rows, self.run_dir / "accuracy_vs_epsilon.png", title)
+
+
+def plot_accuracy_vs_epsilon(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot([r["epsilon_max"] for r in rows], [r["accuracy"] for r in rows], marker=".")
+    ax.set_xlabel(f"epsilon spent (max over clients, delta = {rows[-1]['delta']}, {rows[-1]['accountant']})")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
 
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"

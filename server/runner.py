@@ -17,7 +17,11 @@ from common.data import load_test_set, load_federation
 from common.evaluation import evaluate, pick_device
 from common.models import build_model, resolve_model_name
 from common.records import arrays_nbytes, load_arrays, model_to_arrays
+from client.privacy import BUDGET_EXHAUSTED
+from common.privacy.plan import planned_entries
+from common.records import CONFIG
 from server.metered_grid import MeteredGrid
+from server.privacy_mirror import PrivacyMirror
 from server.results import ResultsWriter, default_run_name, package_versions
 from server.roster import enroll
 from server.strategies.registry import build_strategy
@@ -28,6 +32,34 @@ def initial_model(config: RunConfig) -> torch.nn.Module:
     torch.manual_seed(int(config["seed"]))
     name = resolve_model_name(str(config["model"]), str(config["dataset"]))
     return build_model(name, federation.input_shape, federation.num_classes)
+
+
+def active_partitions(strategy) -> list[int]:
+    """Partitions the strategy may still select (wrappers expose their base's)."""
+    while not hasattr(strategy, "active_partitions") and hasattr(strategy, "base"):
+        strategy = strategy.base
+    return strategy.active_partitions() if hasattr(strategy, "active_partitions") else [0]
+
+
+def retire(strategy, partition: int) -> None:
+    while not hasattr(strategy, "retire") and hasattr(strategy, "base"):
+        strategy = strategy.base
+    strategy.retire(partition)
+
+
+def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, replies, log) -> None:
+    """Mirror the privacy spent by every instruction not refused; retire refusing clients."""
+    partition_of = {node: p for p, node in roster.node_of.items()}
+    refused = {r.metadata.src_node_id: r.error.reason for r in replies
+               if r.has_error() and r.error.code == BUDGET_EXHAUSTED}
+    for msg in messages:
+        node = msg.metadata.dst_node_id
+        partition = partition_of[node]
+        if node in refused:
+            log(f"partition {partition} (node {node}) refused: {refused[node]}; it is no longer selected")
+            retire(strategy, partition)
+        else:
+            mirror.record(partition, planned_entries(config, msg.content[CONFIG]))
 
 
 def run_federation(grid: Grid, config: RunConfig, console: Console | None = None) -> Path:
@@ -44,6 +76,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     x_test, y_test = load_test_set(config)
     arrays = model_to_arrays(model)
     strategy = build_strategy(config, roster, log)
+    mirror = PrivacyMirror(config, roster.partitions)
     grid_for_strategy: Grid = metered
     if config["secure-aggregation"]:  # strategy -> SecureAggregationGrid -> MeteredGrid -> grid
         from server.secagg_grid import SecureAggregationGrid, unit_records_for
@@ -62,8 +95,12 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     for server_round in range(1, num_rounds + 1):
         metered.reset()
         t0 = time.perf_counter()
-        messages = strategy.configure_train(server_round, arrays, ConfigRecord(), grid_for_strategy)
-        replies = grid_for_strategy.send_and_receive(messages, timeout=float(config["round-timeout"]))
+        if not active_partitions(strategy):
+            log(f"no client can train within its privacy budget; ending the run after round {server_round - 1}")
+            break
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid_for_strategy))
+        replies = list(grid_for_strategy.send_and_receive(messages, timeout=float(config["round-timeout"])))
+        account_round(config, strategy, roster, mirror, messages, replies, log)
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
         if aggregated is not None:
             arrays = aggregated
@@ -76,11 +113,19 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             "seconds": time.perf_counter() - t0, "bytes_up": metered.bytes_up, "bytes_down": metered.bytes_down,
             "clients": metered.messages_down,
             "train_loss": None if train_metrics is None else train_metrics.get("train-loss"),
+            **mirror.round_metrics(),
         }
+        if grid_for_strategy is not metered and metered.messages_down:  # count clients, not protocol messages
+            report = grid_for_strategy.report
+            row.update(clients=len(report.selected), secagg_survivors=len(report.survivors),
+                       secagg_round_trips=report.round_trips)
         writer.add_round(row)
+        spent = f"  epsilon {row['epsilon_max']:.3f}" if "epsilon_max" in row else ""
         console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
-                      f"clients {row['clients']}  {row['seconds']:.2f} s")
+                      f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
 
+    if not writer.rows:
+        raise RuntimeError("no round ran: every client refused its first instruction (privacy budget)")
     final = writer.rows[-1]
     writer.write_summary({
         "config": dict(config), "versions": package_versions(),
@@ -88,9 +133,14 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         "final": {"accuracy": final["accuracy"], "loss": final["loss"], "round": final["round"]},
         "rounds": num_rounds, "wall_seconds": time.perf_counter() - started,
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
+        "privacy": mirror.summary(),
     })
+    if mirror.enabled:
+        writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")
     writer.save_model(arrays)
     writer.plot_accuracy(f"{config['strategy']} on {config['dataset']}")
-    console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {final['loss']:.4f}")
+    spent = (f", epsilon {final['epsilon_max']:.4f} (max over clients, delta {final['delta']}, "
+             f"{final['accountant']})" if "epsilon_max" in final else "")
+    console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {final['loss']:.4f}{spent}")
     console.print(f"privfed: results in {writer.run_dir}")
     return writer.run_dir

@@ -14,8 +14,14 @@ def num_sampled(num_clients: int, fraction: float) -> int:
     return max(math.floor(fraction * num_clients + 1e-9), 1)
 
 
-def sample_partitions(seed: int, train_round: int, partitions: list[int], fraction: float) -> list[int]:
-    """Uniform sample without replacement, sorted."""
-    k = num_sampled(len(partitions), fraction)
+def sample_partitions(seed: int, train_round: int, partitions: list[int], fraction: float,
+                      population: int | None = None) -> list[int]:
+    """Uniform sample without replacement from `partitions`, sorted.
+
+    The sample size is taken from `population` (all clients, default: the
+    candidates), capped by the candidates left (e.g. after budget refusals)."""
+    if not partitions:
+        return []
+    k = min(num_sampled(population or len(partitions), fraction), len(partitions))
     rng = numpy_rng(seed, "sample-clients", train_round)
     return sorted(int(p) for p in rng.choice(sorted(partitions), size=k, replace=False))

@@ -443,3 +443,26 @@ def test_connection_template_matches_scripts():
     assert links["privfed-docker-insecure"]["insecure"] is True
     script = (DEPLOY / "local-federation.sh").read_text()
     assert 'connection="privfed-local"' in script and "port=8000" in script
+
+
+@pytest.mark.skipif(shutil.which("shellcheck") is None, reason="shellcheck not installed")
+def test_scripts_pass_shellcheck():
+    r = subprocess.run(["shellcheck", "-x", *map(str, SCRIPTS)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_readme_quickstart_uses_the_scripts_and_connections():
+    readme = (DEPLOY / "README.md").read_text()
+    block = readme.split("## 1.", 1)[1].split("```bash", 1)[1].split("```", 1)[0]
+    assert "deploy/local-federation.sh start" in block and "deploy/local-federation.sh stop" in block
+    assert "flwr run . privfed-local --stream --run-config 'num-clients=3 num-rounds=3'" in block
+    # every connection the guides use is in the template
+    links = tomllib.loads((DEPLOY / "flower-config.toml").read_text())["superlink"]
+    for text in (readme, (DEPLOY / "EDGE-GPU.md").read_text()):
+        for name in re.findall(r"flwr (?:run \.|supernode register \S+) (privfed-[\w-]+)", text):
+            assert name in links, f"connection {name} used in a guide but not in flower-config.toml"
+    # every script and compose file the guide names exists (relative to deploy/ or the root)
+    for rel in re.findall(r"`((?:deploy/|\.\./)?[\w./-]+\.(?:sh|yml|Dockerfile|toml|md))`", readme):
+        if Path(rel).name == "config.toml":  # $FLWR_HOME/config.toml lives outside the repo
+            continue
+        assert (DEPLOY / rel).exists() or (ROOT / rel).exists(), f"README names {rel}, which does not exist"

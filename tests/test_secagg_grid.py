@@ -14,19 +14,12 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.serverapp import Grid
 
-from client.secagg import (
-    RECORD,
-    VECTOR,
-    WORDS,
-    handle_enroll,
-    handle_reveal,
-    secagg_params,
-    secure_train,
-)
+from client.secagg import RECORD, VECTOR, WORDS, secagg_params, words_record
 from common.config import ConfigError, _check_secure_aggregation, defaults, validate
 from server.inprocess import CLIENT_APP
 from server.inprocess_grid import InProcessGrid
-from server.runner import run_federation
+from common.records import model_to_arrays
+from server.runner import initial_model, run_federation
 from server.secagg_grid import SecureAggregationError, SecureAggregationGrid
 
 BASE = {"num-clients": 4, "num-rounds": 3, "seed": 5, "dataset": "synthetic", "local-epochs": 1}
@@ -75,7 +68,7 @@ class Recorder(Grid):
             if self.corrupt.get(self.train_round) is not None and node == nodes[self.corrupt[self.train_round]]:
                 words = r.content[VECTOR][WORDS].numpy().copy()
                 words[:10] ^= np.uint32(0x5A5A5A5A)
-                r.content[VECTOR] = ArrayRecord({WORDS: words})
+                r.content[VECTOR] = words_record(words)
             out.append(r)
         return out
 
@@ -153,6 +146,8 @@ def test_server_never_receives_an_unmasked_update(plain, secure):
             elif name == RECORD:
                 assert set(record.keys()) <= {"run", "node", "public-key", "num-examples", "round", "context",
                                               "metric-keys", "tag", "layout", "dropped"}
+            elif reply.metadata.message_type == "query.enroll":  # the roster: partition id and size
+                assert name == "config" and set(record.keys()) == {"partition-id", "num-partitions", "num-examples"}
             else:
                 pytest.fail(f"unexpected record {name!r} in a reply under secure aggregation")
     assert kinds == {"query.enroll", "query.secagg_enroll", MessageType.TRAIN}
@@ -163,6 +158,8 @@ def test_dropout_mid_round_is_recovered(tmp_path, plain):
     out, rows, rec, config = run(tmp_path, "drop", {"drop": {2: 1}, "corrupt": {3: 2}},
                                  **{"secure-aggregation": True})
     assert [r["round"] for r in rows] == [1, 2, 3]
+    assert [(r["clients"], r["secagg_survivors"], r["secagg_round_trips"]) for r in rows] == [(4, 4, 1), (4, 3, 2),
+                                                                                              (4, 3, 2)]
     reveals = [r for r in rec.received if r.metadata.message_type == "query.secagg_reveal"]
     assert len(reveals) == 6 and not any(r.has_error() for r in reveals)  # 3 survivors, twice
     assert rows[1]["accuracy"] > 0.3 and rows[2]["accuracy"] >= rows[1]["accuracy"] - 0.05
@@ -177,12 +174,11 @@ def test_dropout_equals_plain_fedavg_over_the_survivors(tmp_path):
         rec = Recorder(grid, drop={1: 0})
         secure = SecureAggregationGrid(rec, config, log=lambda s: None)
         secure.enroll(10.0)
-        rng = np.random.default_rng(0)
-        model = ArrayRecord({"w": rng.normal(size=(5, 3)).astype(np.float32), "b": np.zeros(3, np.float32)})
+        model = model_to_arrays(initial_model(config))
         msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": 1})}),
                         dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
         replies = secure.send_and_receive(msgs, timeout=30)
-        assert secure.report.dropped == (min(nodes[0], nodes[0]),) and secure.report.round_trips == 2
+        assert secure.report.dropped == (nodes[0],) and secure.report.round_trips == 2
         survivors = sorted(nodes[1:])
         assert sorted(r.metadata.src_node_id for r in replies) == survivors
         # the same instruction in plaintext to the survivors' nodes (deterministic local training)
@@ -194,7 +190,7 @@ def test_dropout_equals_plain_fedavg_over_the_survivors(tmp_path):
         weights = np.array([r.content["metrics"]["num-examples"] for r in plain_replies], dtype=np.float64)
         codec = secagg_params(config).codec
         bound = 3 * codec.step_error / (weights.sum() / max(secure.num_examples.values())) + 1e-6
-        for key in ("w", "b"):
+        for key in model.keys():
             exact = sum(w * r.content["arrays"][key].numpy().astype(np.float64)
                         for w, r in zip(weights, plain_replies)) / weights.sum()
             for r in replies:
@@ -211,12 +207,12 @@ def test_too_few_survivors_leaves_the_model_unchanged(tmp_path):
     with InProcessGrid(CLIENT_APP, dict(config), 2) as grid:
         secure = SecureAggregationGrid(Recorder(grid, drop={1: 0}), config, log=lambda s: None)
         secure.enroll(10.0)
-        model = ArrayRecord({"w": np.ones((60, 10), np.float32), "b": np.zeros(10, np.float32)})
-        # the synthetic model's state_dict keys are "1.weight"/"1.bias": a foreign record still masks as a delta
+        model = model_to_arrays(initial_model(config))
         msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": 1})}),
                         dst_node_id=n, message_type=MessageType.TRAIN) for n in grid.get_node_ids()]
         assert secure.send_and_receive(msgs, timeout=10) == []
-        assert "fewer than min_survivors" in secure.report.aborted or secure.report.problems
+        assert "fewer than min_survivors" in secure.report.aborted
+        assert list(secure.report.problems.values()) == ["no reply before the timeout"]
 
 
 def test_refusals():
@@ -237,7 +233,7 @@ def test_refusals():
             secure.push_messages([Message(RecordDict(), dst_node_id=node, message_type=MessageType.TRAIN)])
 
 
-def test_client_refuses_unmasked_train_and_survives_fresh_processes():
+def test_client_refuses_unmasked_train_and_survives_fresh_processes(tmp_path):
     """A node with secure-aggregation on never answers a plain train message, and its protocol
     state lives only in Context.state (serialised between messages, as in deployment)."""
     config = validate({**BASE, "secure-aggregation": True})
@@ -248,9 +244,6 @@ def test_client_refuses_unmasked_train_and_survives_fresh_processes():
         assert reply[0].has_error() and "refusing to send an unmasked update" in reply[0].error.reason
 
     # every message in a "fresh process": Context.state goes through Flower's protobuf serialisation
-    import client.secagg as cs
-    from client.node import local_client
-
     contexts = {}
     with InProcessGrid(CLIENT_APP, dict(config), 4) as inner:
         class Fresh(Recorder):
@@ -261,7 +254,6 @@ def test_client_refuses_unmasked_train_and_survives_fresh_processes():
                     contexts[n] = ctx
                 return replies
 
-        config1 = config.replace(num_rounds=2)
-        out = run_federation(Fresh(inner), config1.replace(results_dir="/tmp/privfed-fresh", run_name="fresh"))
+        out = run_federation(Fresh(inner), config.replace(num_rounds=2, results_dir=str(tmp_path), run_name="fresh"))
     assert all("secagg-client" in c.state for c in contexts.values())
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["clients"] == 4

@@ -21,10 +21,12 @@ BASE = {"num-clients": 6, "fraction-train": 0.5, "local-epochs": 4, "stragglers"
 
 
 class CountingGrid(Grid):
-    """Delegates to `inner`; records every message handed to a client."""
+    """Delegates to `inner`; records every message handed to a client (by partition: node ids
+    change from run to run)."""
 
-    def __init__(self, inner: Grid):
+    def __init__(self, inner: InProcessGrid):
         self.inner, self.delivered, self.calls = inner, [], 0
+        self.partition_of = {node: int(c.node_config["partition-id"]) for node, c in inner.contexts.items()}
 
     def set_run(self, run_id):
         self.inner.set_run(run_id)
@@ -43,7 +45,7 @@ class CountingGrid(Grid):
         self.calls += 1
         for m in messages:
             config = dict(m.content[CONFIG]) if CONFIG in m.content else {}
-            self.delivered.append((m.metadata.message_type, m.metadata.dst_node_id, config))
+            self.delivered.append((m.metadata.message_type, self.partition_of[m.metadata.dst_node_id], config))
 
     def push_messages(self, messages):
         messages = list(messages)
@@ -66,9 +68,10 @@ def run_counted(tmp_path, **overrides):
         out = run_federation(grid, config, Console(file=io.StringIO()))
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train = defaultdict(list)
-    for kind, node, config_ in grid.delivered:
+    for kind, partition, config_ in grid.delivered:
         if kind == "train":
-            train[config_["server-round"]].append((node, config_.get("train-round"), config_.get("local-epochs")))
+            train[config_["server-round"]].append((partition, config_.get("train-round"),
+                                                   config_.get("local-epochs")))
     return grid, rows, {r: sorted(v) for r, v in train.items()}
 
 

@@ -24,10 +24,20 @@ RULES = {
     "scaffold": ("client.updates.scaffold", "scaffold_update"),
     "feddyn": ("client.updates.feddyn", "feddyn_update"),
     "pfedme": ("client.updates.pfedme", "pfedme_update"),
+    "dpfedavg-hu": ("client.updates.hu_dpsgd", "hu_update"),
 }
 
 
-def update_rule(strategy: str) -> UpdateRule:
+# The privacy mechanism replaces the base rule where it changes local training.
+PRIVATE_RULES = {
+    "dpsgd": ("client.updates.dpsgd", "dpsgd_update"),
+}
+
+
+def update_rule(strategy: str, privacy: str = "none") -> UpdateRule:
+    if privacy in PRIVATE_RULES:
+        module, name = PRIVATE_RULES[privacy]
+        return getattr(importlib.import_module(module), name)
     if strategy not in RULES:
         raise ValueError(f"no local update rule for strategy {strategy!r}")
     module, name = RULES[strategy]

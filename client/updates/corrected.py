@@ -6,8 +6,8 @@ minibatch gradient before the optimizer step:
     SCAFFOLD   g += c - c_i                          (control variates)
     FedDyn     g += -g_i + alpha (w - w_global)      (dynamic regulariser), then clip ||g||
 
-The optimizer is `torch.optim.SGD` with the run's momentum, re-created every
-round (as in the Upcycled-FL code). Adding the term to the gradient before a
+The step is SGD with the run's momentum, buffers fresh every round (as in the
+Upcycled-FL code). Adding the term to the gradient before a
 momentum step is exactly what the authors' `FedProxOptimizer` does with its
 in-place add into the momentum buffer (buf' = beta buf' + g + mu (w - w0)).
 """
@@ -19,37 +19,59 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from client.updates.sgd import minibatches
 from common.seeding import torch_generator
 
-Correction = Callable[[dict[str, torch.nn.Parameter]], None]
+Correction = Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None]
+
+
+def clip_by_total_norm(grads: list[torch.Tensor], max_norm: float) -> None:
+    """Scale `grads` in place so their joint L2 norm is at most `max_norm` (as clip_grad_norm_)."""
+    total = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    grads_scale = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(grads_scale)
 
 
 def train_corrected(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, batch_size: int,
                     lr: float, momentum: float, generator: torch.Generator, correction: Correction | None = None,
                     max_grad_norm: float = 0.0) -> tuple[float, int]:
-    """Run `epochs` epochs; return (mean minibatch cross-entropy, number of optimizer steps)."""
+    """Run `epochs` epochs; return (mean minibatch cross-entropy, number of optimizer steps).
+
+    `correction(params, grads)` adds its term to `grads` (name -> tensor) in place.
+    The step is written out as in client/updates/sgd.py (the operations of
+    `torch.optim.SGD(lr, momentum)`, fresh buffers each round), for speed.
+    """
     model.train()
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
     named = dict(model.named_parameters())
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    total, steps = 0.0, 0
+    params = [named[name] for name in names]
+    buffers: list[torch.Tensor | None] = [None] * len(params)
+    losses: list[torch.Tensor] = []
+    n = len(y)
     for _ in range(epochs):
-        for idx in minibatches(len(y), batch_size, generator):
-            optimizer.zero_grad(set_to_none=False)
-            loss = F.cross_entropy(model(x[idx]), y[idx])
-            loss.backward()
-            if correction is not None:
-                with torch.no_grad():
-                    for p in named.values():
-                        if p.grad is None:
-                            p.grad = torch.zeros_like(p)
-                    correction(named)
-            if max_grad_norm > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm=max_grad_norm)
-            optimizer.step()
-            total += loss.item()
-            steps += 1
-    return total / max(steps, 1), steps
+        order = torch.randperm(n, generator=generator)  # the same draw as `minibatches`
+        for xb, yb in zip(x[order].split(batch_size), y[order].split(batch_size)):
+            loss = F.cross_entropy(model(xb), yb)
+            raw = torch.autograd.grad(loss, params, allow_unused=True)
+            with torch.no_grad():
+                grads = {name: (torch.zeros_like(p) if g is None else g) for name, p, g in zip(names, params, raw)}
+                if correction is not None:
+                    correction(named, grads)
+                if max_grad_norm > 0:
+                    clip_by_total_norm(list(grads.values()), max_grad_norm)
+                for i, (name, p) in enumerate(zip(names, params)):
+                    g = grads[name]
+                    if momentum != 0.0:
+                        if buffers[i] is None:
+                            buffers[i] = torch.clone(g).detach()
+                        else:
+                            buffers[i].mul_(momentum).add_(g)
+                        g = buffers[i]
+                    p.add_(g, alpha=-lr)
+            losses.append(loss.detach())
+    if not losses:
+        return 0.0, 0
+    return sum(torch.stack(losses).tolist()) / len(losses), len(losses)
 
 
 def local_plan(client, instruction) -> tuple[int, torch.Generator]:

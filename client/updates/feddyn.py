@@ -42,9 +42,9 @@ def feddyn_update(client, content, state):
     device = next(iter(anchor.values())).device
     g_dev = {k: v.to(device) for k, v in g_i.items()}
 
-    def dynamic(named):
-        for name, p in named.items():
-            p.grad.sub_(g_dev[name]).add_(p.detach() - anchor[name], alpha=alpha)
+    def dynamic(params, grads):
+        for name, g in grads.items():
+            g.sub_(g_dev[name]).add_(params[name] - anchor[name], alpha=alpha)
 
     epochs, generator = local_plan(client, instruction)
     loss, _ = train_corrected(client.model, client.x, client.y, epochs=epochs, batch_size=int(config["batch-size"]),

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from flwr.app import MetricRecord, RecordDict
 
 from client.updates.corrected import local_plan, parameters_copy
-from client.updates.sgd import minibatches
 from common.evaluation import evaluate
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
 
@@ -34,35 +33,39 @@ def pfedme_update(client, content, state):
                       int(config["pfedme-k"]))
     w_local = parameters_copy(model)
     named = dict(model.named_parameters())
+    names = list(w_local)
+    params = [named[name] for name in names]
     epochs, generator = local_plan(client, instruction)
     batch_size = int(config["batch-size"])
     model.train()
-    total, steps = 0.0, 0
+    losses: list[torch.Tensor] = []
+    n = len(client.y)
     for _ in range(epochs):
-        for idx in minibatches(len(client.y), batch_size, generator):
-            xb, yb = client.x[idx], client.y[idx]
+        order = torch.randperm(n, generator=generator)  # the same draw as `minibatches`
+        for xb, yb in zip(client.x[order].split(batch_size), client.y[order].split(batch_size)):
             for _ in range(k):
-                model.zero_grad(set_to_none=False)
                 loss = F.cross_entropy(model(xb), yb)
-                loss.backward()
+                grads = torch.autograd.grad(loss, params, allow_unused=True)
                 with torch.no_grad():
-                    for name, p in named.items():
-                        grad = p.grad if p.grad is not None else torch.zeros_like(p)
-                        p.sub_(lr * (grad + lam * (p - w_local[name]) + mu * p))
-                total += loss.item()
-                steps += 1
+                    for name, p, g in zip(names, params, grads):
+                        step = lam * (p - w_local[name]) + mu * p
+                        if g is not None:
+                            step += g
+                        p.sub_(step, alpha=lr)
+                losses.append(loss.detach())
             with torch.no_grad():
-                for name, p in named.items():
+                for name, p in zip(names, params):
                     w_local[name].sub_(lam * lr * (w_local[name] - p))
+    train_loss = sum(torch.stack(losses).tolist()) / len(losses) if losses else 0.0
 
     personal = model_to_arrays(model)
     state[STATE_KEY] = personal
     n_test = len(client.y_test)
     p_loss, p_acc = evaluate(model, client.x_test, client.y_test, client.device) if n_test else (0.0, 0.0)
     with torch.no_grad():
-        for name, p in named.items():
+        for name, p in zip(names, params):
             p.copy_(w_local[name])
-    metrics = MetricRecord({NUM_EXAMPLES: client.num_train, "train-loss": total / max(steps, 1),
+    metrics = MetricRecord({NUM_EXAMPLES: client.num_train, "train-loss": train_loss,
                             "personal-accuracy": float(p_acc), "personal-loss": float(p_loss),
                             "test-examples": n_test})
     return RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics})

@@ -18,9 +18,9 @@ def prox_update(client, content, state):
     mu = float(instruction.get("proximal-mu", config["prox-mu"]))
     anchor = parameters_copy(client.model)
 
-    def proximal(named):
-        for name, p in named.items():
-            p.grad.add_(p.detach() - anchor[name], alpha=mu)
+    def proximal(params, grads):
+        for name, g in grads.items():
+            g.add_(params[name] - anchor[name], alpha=mu)
 
     epochs, generator = local_plan(client, instruction)
     loss, _ = train_corrected(client.model, client.x, client.y, epochs=epochs, batch_size=int(config["batch-size"]),

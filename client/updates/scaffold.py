@@ -41,9 +41,9 @@ def scaffold_update(client, content, state):
     device = next(iter(x.values())).device
     correction_of = {name: (c[name] - c_i[name]).to(device) for name in x}
 
-    def control(named):
-        for name, p in named.items():
-            p.grad.add_(correction_of[name])
+    def control(params, grads):
+        for name, g in grads.items():
+            g.add_(correction_of[name])
 
     lr = float(config["lr"])
     epochs, generator = local_plan(client, instruction)

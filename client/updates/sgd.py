@@ -5,11 +5,13 @@ what costs, not arithmetic):
 
 - The SGD step is written out instead of using `torch.optim.SGD`. It performs
   exactly the operations of `torch.optim.SGD(lr, momentum)` (no weight decay,
-  no dampening, no Nesterov; the single-tensor CPU path), so the numbers are
-  bit-identical, but it skips the optimizer's per-step bookkeeping (profiler
-  ranges, param-group walks, `zero_grad`) that cost more than the step itself
-  for a 210-parameter model, and the first-use import of `torch._dynamo` that
-  `Optimizer.__init__` triggers (~2 s once per process).
+  no dampening, no Nesterov), as `torch._foreach_*` calls (one dispatch per
+  operation for all tensors; on CPU they run the same per-tensor kernels as
+  the optimizer's default path, so the numbers are bit-identical:
+  tests/test_inprocess_sgd.py), but it skips the optimizer's per-step
+  bookkeeping (profiler ranges, param-group walks, `zero_grad`) that cost more
+  than the step itself for a 210-weight model, and the first-use import of
+  `torch._dynamo` that `Optimizer.__init__` triggers (~2 s once per process).
 - Gradients come from `torch.autograd.grad`, so nothing accumulates in `.grad`
   and there is nothing to zero.
 - Each epoch gathers its shuffled rows once (`x[order]`) and slices batches
@@ -35,7 +37,7 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
     """Run `epochs` epochs of minibatch SGD (fresh momentum buffer) and return the mean batch loss."""
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
-    buffers: list[torch.Tensor | None] = [None] * len(params)
+    buffers: list[torch.Tensor] | None = None  # momentum buffers, created from the first gradients
     losses: list[torch.Tensor] = []
     n = len(y)
     for _ in range(epochs):
@@ -44,20 +46,38 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
             loss = F.cross_entropy(model(xb), yb)
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             with torch.no_grad():
-                for i, (p, g) in enumerate(zip(params, grads)):
-                    if g is None:  # a parameter the loss does not touch: torch.optim skips it too
-                        continue
-                    if momentum != 0.0:
-                        if buffers[i] is None:
-                            buffers[i] = torch.clone(g).detach()  # as torch.optim.SGD's first step
-                        else:
-                            buffers[i].mul_(momentum).add_(g)
-                        g = buffers[i]
-                    p.add_(g, alpha=-lr)
+                if any(g is None for g in grads):
+                    buffers = _step_skipping_unused(params, grads, buffers, lr, momentum)
+                elif momentum == 0.0:
+                    torch._foreach_add_(params, grads, alpha=-lr)
+                else:
+                    if buffers is None:
+                        buffers = [torch.clone(g).detach() for g in grads]  # torch.optim.SGD's first step
+                    else:
+                        torch._foreach_mul_(buffers, momentum)
+                        torch._foreach_add_(buffers, grads)
+                    torch._foreach_add_(params, buffers, alpha=-lr)
             losses.append(loss.detach())
     if not losses:
         return 0.0
     return sum(torch.stack(losses).tolist()) / len(losses)  # the same float sum as per-step .item()
+
+
+def _step_skipping_unused(params, grads, buffers, lr, momentum):
+    """The per-tensor step for a batch where some parameter got no gradient (torch.optim skips it)."""
+    if momentum != 0.0 and buffers is None:
+        buffers = [None] * len(params)
+    for i, (p, g) in enumerate(zip(params, grads)):
+        if g is None:
+            continue
+        if momentum != 0.0:
+            if buffers[i] is None:
+                buffers[i] = torch.clone(g).detach()
+            else:
+                buffers[i].mul_(momentum).add_(g)
+            g = buffers[i]
+        p.add_(g, alpha=-lr)
+    return buffers
 
 
 def sgd_update(client, content, state):
@@ -69,7 +89,7 @@ def sgd_update(client, content, state):
 
     config, instruction = client.config, content[CONFIG]
     load_arrays(client.model, content[ARRAYS])
-    server_round = int(instruction["server-round"])
+    server_round = int(instruction.get("train-round", instruction["server-round"]))  # keys minibatch order
     loss = train_sgd(
         client.model, client.x, client.y,
         epochs=int(instruction.get("local-epochs", config["local-epochs"])),

@@ -35,6 +35,7 @@ accordingly.
 from __future__ import annotations
 
 import csv
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,21 @@ def encode_rows(rows: list[list[str]], vocab: dict[str, list[str]]) -> tuple[np.
     return x, y, names
 
 
+@lru_cache(maxsize=2)
+def _pooled(folder: str) -> tuple[np.ndarray, np.ndarray, list[str], int]:
+    """All 48,842 rows encoded (cached per process: every seed re-deals the same rows)."""
+    folder_path = Path(folder)
+    train_rows = read_all_rows(require_file(folder_path / TRAIN_FILE, "adult"))
+    rows = train_rows + read_all_rows(require_file(folder_path / TEST_FILE, "adult"))
+    col = {name: i for i, name in enumerate(COLUMNS)}
+    complete = [r for r in train_rows if MISSING not in r]  # adult.py's vocabulary: 104 features
+    vocab = {c: sorted({r[col[c]] for r in complete}) for c in CATEGORICAL}
+    x, y, names = encode_rows(rows, vocab)
+    x.setflags(write=False)
+    y.setflags(write=False)
+    return x, y, names, sum(MISSING in r for r in rows)
+
+
 def load_adult_devices(data_dir: str | Path, num_devices: int, seed: int, evaluate_on: str = "test") -> Federation:
     """The Hu et al. device federation (module docstring); `evaluate_on` is 'test' or 'val'."""
     if not 1 <= num_devices <= NUM_DEVICES:
@@ -97,13 +113,8 @@ def load_adult_devices(data_dir: str | Path, num_devices: int, seed: int, evalua
     if evaluate_on not in ("test", "val"):
         raise ValueError(f"evaluate_on must be 'test' or 'val', got {evaluate_on!r}")
     folder = Path(data_dir) / FOLDER
-    train_rows = read_all_rows(require_file(folder / TRAIN_FILE, "adult"))
-    rows = train_rows + read_all_rows(require_file(folder / TEST_FILE, "adult"))
-    col = {name: i for i, name in enumerate(COLUMNS)}
-    complete = [r for r in train_rows if MISSING not in r]  # adult.py's vocabulary: 104 features
-    vocab = {c: sorted({r[col[c]] for r in complete}) for c in CATEGORICAL}
-    x, y, names = encode_rows(rows, vocab)
-    order = numpy_rng(seed, "adult-hu-devices").permutation(len(rows))
+    x, y, names, missing = _pooled(str(folder))
+    order = numpy_rng(seed, "adult-hu-devices").permutation(len(y))
     clients, evals_x, evals_y = [], [], []
     for d in range(num_devices):
         idx = order[d * DEVICE_SIZE:(d + 1) * DEVICE_SIZE]
@@ -118,10 +129,10 @@ def load_adult_devices(data_dir: str | Path, num_devices: int, seed: int, evalua
         y_test=np.concatenate(evals_y),
         input_shape=(x.shape[1],),
         num_classes=2,
-        description=(f"adult (Hu et al. devices): {len(rows)} pooled rows, {num_devices} devices x {DEVICE_SIZE} "
+        description=(f"adult (Hu et al. devices): {len(y)} pooled rows, {num_devices} devices x {DEVICE_SIZE} "
                      f"({TRAIN} train / {VAL} val / {TEST} test, seed {seed}); server evaluates on the devices' "
                      f"{evaluate_on} splits ({num_devices * (VAL if evaluate_on == 'val' else TEST)} samples)"),
         meta={"dataset": "adult", "split": "hu-devices", "evaluate_on": evaluate_on, "seed": seed,
-              "feature_names": names, "client_sizes": [TRAIN] * num_devices, "rows": len(rows),
-              "missing_rows": sum(MISSING in r for r in rows), "folder": str(folder)},
+              "feature_names": names, "client_sizes": [TRAIN] * num_devices, "rows": len(y),
+              "missing_rows": missing, "folder": str(folder)},
     )

@@ -106,13 +106,34 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float,
 
 
 def rdp_curve(event: dpa.DpEvent, orders: Orders | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(orders, RDP at each order) of `event`, from dp-accounting's RdpAccountant."""
+    """(orders, RDP at each order) of `event`, from dp-accounting's RdpAccountant.
+
+    Compositions are unrolled here (RDP adds up over composition, exactly what
+    the accountant does internally), so each distinct mechanism's curve is
+    computed by the accountant once per process and reused: a ledger that
+    grows by one DP-SGD round would otherwise redo the expensive
+    Poisson-subsampled Gaussian curve on every epsilon query."""
     o = resolve_orders(orders)
-    accountant = rdp_privacy_accountant.RdpAccountant(list(o))
+    return np.asarray(o, dtype=float), _rdp_of(event, o)
+
+
+def _rdp_of(event: dpa.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return event.count * _rdp_of(event.event, orders)
+    if isinstance(event, dpa.ComposedDpEvent):
+        return sum((_rdp_of(e, orders) for e in event.events), np.zeros(len(orders)))
+    return _leaf_rdp(event, orders)
+
+
+@functools.lru_cache(maxsize=1024)
+def _leaf_rdp(event: dpa.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
+    accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
     if not accountant.supports(event):
         raise ValueError(f"the RDP accountant cannot account {event}")
     accountant.compose(event)
-    return accountant.orders, accountant.rdp
+    rdp = np.asarray(accountant.rdp, dtype=float)
+    rdp.setflags(write=False)
+    return rdp
 
 
 def epsilon(event: dpa.DpEvent, delta: float, *, accountant: str = "rdp", conversion: str = "balle",

@@ -19,13 +19,14 @@ FROM flwr/superexec:${FLWR_VERSION}
 ARG TORCH_INDEX_URL=https://pypi.org/simple
 
 WORKDIR /app
-COPY --chown=app:app pyproject.toml /tmp/privfed/pyproject.toml
+COPY --chown=app:app pyproject.toml /tmp/privfed-pyproject.toml
 
-RUN python -c "import tomllib; deps = tomllib.load(open('/tmp/privfed/pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.lower().startswith('flwr')))" \
-        > /tmp/privfed/requirements.txt \
+RUN python -c "import tomllib; deps = tomllib.load(open('/tmp/privfed-pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.lower().startswith('flwr')))" \
+        > /tmp/privfed-requirements.txt \
     && python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch \
-    && python -m pip install --no-cache-dir -r /tmp/privfed/requirements.txt \
+    && python -m pip install --no-cache-dir -r /tmp/privfed-requirements.txt \
     && python -c "import torch; assert torch.version.cuda, 'got a CPU-only torch build'; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" \
+    && rm -f /tmp/privfed-pyproject.toml /tmp/privfed-requirements.txt \
     && mkdir -p /app/data /app/state /app/results
 
 ENV FLWR_DISABLE_UPDATE_CHECK=1 \

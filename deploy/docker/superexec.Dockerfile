@@ -15,15 +15,16 @@ FROM flwr/superexec:${FLWR_VERSION}
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 
 WORKDIR /app
-COPY --chown=app:app pyproject.toml /tmp/privfed/pyproject.toml
+COPY --chown=app:app pyproject.toml /tmp/privfed-pyproject.toml
 
 # [project].dependencies minus flwr (the base image's flwr is kept, and its
 # simulation extra, Ray, is not needed in deployment).
-RUN python -c "import tomllib; deps = tomllib.load(open('/tmp/privfed/pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.lower().startswith('flwr')))" \
-        > /tmp/privfed/requirements.txt \
+RUN python -c "import tomllib; deps = tomllib.load(open('/tmp/privfed-pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.lower().startswith('flwr')))" \
+        > /tmp/privfed-requirements.txt \
     && python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch \
-    && python -m pip install --no-cache-dir -r /tmp/privfed/requirements.txt \
+    && python -m pip install --no-cache-dir -r /tmp/privfed-requirements.txt \
     && python -c "import torch, opacus, dp_accounting, cryptography, flwr; print('torch', torch.__version__)" \
+    && rm -f /tmp/privfed-pyproject.toml /tmp/privfed-requirements.txt \
     && mkdir -p /app/data /app/state /app/results
 
 # Offline operation: no update check, no telemetry, no `uv sync` at run time.

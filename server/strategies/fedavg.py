@@ -31,6 +31,14 @@ class RosterSampling:
         self._partition_of = {node: p for p, node in roster.node_of.items()}
         self.round_map: Callable[[int], int] | None = None  # set by wrappers (Upcycled)
         self.stragglers, self.local_epochs = 0.0, 1
+        self.retired: set[int] = set()
+
+    def retire(self, partition: int) -> None:
+        """Stop selecting a partition (its client refused: privacy budget spent)."""
+        self.retired.add(partition)
+
+    def active_partitions(self) -> list[int]:
+        return [p for p in self.roster.partitions if p not in self.retired]
 
     def setup_stragglers(self, fraction: float, local_epochs: int) -> None:
         """Each sampled client straggles with probability `fraction` (see server/stragglers.py)."""
@@ -49,7 +57,8 @@ class RosterSampling:
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         train_round = self.train_round_index(server_round)
-        partitions = sample_partitions(self.seed, train_round, self.roster.partitions, self.fraction)
+        partitions = sample_partitions(self.seed, train_round, self.active_partitions(), self.fraction,
+                                       population=len(self.roster.partitions))
         short = straggler_epochs(self.seed, train_round, partitions, self.stragglers, self.local_epochs)
         self._sent = arrays
         common = self.round_config(server_round, config)

@@ -29,10 +29,10 @@ from typing import Iterable
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, Message, MetricRecord
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
-from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 
 class FedDyn(RosterSampling, FlowerFedAvg):

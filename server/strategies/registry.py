@@ -40,6 +40,10 @@ def build_base(config: RunConfig, roster: Roster, log=print):
 
         return FedYogi(*args, eta=float(config["yogi-lr"]), tau=float(config["yogi-tau"]),
                        beta_1=float(config["yogi-beta1"]), beta_2=float(config["yogi-beta2"]))
+    if name == "dpfedavg-hu":  # DP-FedAvg of Hu et al. (zCDP, secure aggregation)
+        from server.strategies.dpfedavg_hu import DpFedAvgHu
+
+        return DpFedAvgHu(*args, config=config)
     raise ValueError(f"unknown strategy {name!r}")
 
 

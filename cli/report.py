@@ -1,0 +1,83 @@
+"""`privfed report RESULTS_DIR...`: re-render tables and plots from finished runs.
+
+Each RESULTS_DIR may be
+
+- a suite's results folder (`<out>/<suite>/`, holding `suite.json`): rewrites
+  its `report.md`, `report.csv` and `plots/` from the runs found there;
+- a run folder (holding `summary.json`), or a folder of run folders: redraws
+  each run's `accuracy.png` and prints one table of all runs.
+
+Folders are searched recursively; runs inside a suite folder belong to its report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("report", help="re-render reports and plots from finished runs",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dirs", nargs="+", metavar="RESULTS_DIR", help="suite results folder, run folder, or a folder of them")
+    p.add_argument("--no-plots", action="store_true", help="tables only")
+    p.set_defaults(func=main)
+
+
+def find(dirs: list[Path]) -> tuple[list[Path], list[Path]]:
+    """(suite folders, run folders outside any suite folder) under `dirs`."""
+    from server.report import SNAPSHOT_FILE
+
+    suites, runs = [], []
+    for base in dirs:
+        found_suites = sorted({p.parent for p in base.rglob(SNAPSHOT_FILE)} |
+                              ({base} if (base / SNAPSHOT_FILE).is_file() else set()))
+        suites += found_suites
+        for summary in sorted(base.rglob("summary.json")):
+            run = summary.parent
+            if not any(s == run or s in run.parents for s in found_suites):
+                runs.append(run)
+    return list(dict.fromkeys(suites)), list(dict.fromkeys(runs))
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from cli.repro import _print_table
+    from cli.run import read_summary
+    from server.report import render_report
+    from server.results import plot_accuracy, read_rows
+
+    console = Console(highlight=False)
+    missing = [d for d in args.dirs if not Path(d).is_dir()]
+    if missing:
+        console.print(f"privfed report: error: not a folder: {', '.join(missing)}", markup=False)
+        return 2
+    suites, runs = find([Path(d).expanduser().resolve() for d in args.dirs])
+    if not suites and not runs:
+        console.print(f"privfed report: error: no finished runs (summary.json) or suites (suite.json) under "
+                      f"{', '.join(args.dirs)}", markup=False)
+        return 2
+    for suite_dir in suites:
+        md, results = render_report(suite_dir, plots=not args.no_plots)
+        console.print(f"[bold]{suite_dir.name}[/]")
+        _print_table(console, results)
+        console.print(f"privfed report: {md} and {md.with_suffix('.csv')}")
+    if runs:
+        table = Table(title="runs", title_justify="left")
+        for col in ("run", "seed", "accuracy", "loss", "epsilon", "rounds", "seconds"):
+            table.add_column(col, justify="left" if col == "run" else "right", overflow="fold")
+        for run in runs:
+            s = read_summary(run)
+            if not args.no_plots and (run / "metrics.jsonl").is_file():
+                config = json.loads((run / "summary.json").read_text()).get("config", {})
+                rows = read_rows(run)
+                if rows:
+                    plot_accuracy(rows, run / "accuracy.png", f"{config.get('strategy')} on {config.get('dataset')}")
+            fmt = lambda v, spec=".4f": "-" if v is None else format(v, spec)  # noqa: E731
+            table.add_row(str(run), str(s["seed"]), fmt(s["accuracy"]), fmt(s["loss"]), fmt(s["epsilon"], ".3f"),
+                          str(s["rounds"]), fmt(s["wall"], ".1f"))
+        console.print(table)
+    return 0

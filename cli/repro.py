@@ -1,0 +1,256 @@
+"""`privfed repro`: run a reproduction suite and write its report.
+
+    privfed repro SUITE [--jobs N] [--filter TEXT] [--seeds N] [--out DIR] [--list]
+
+SUITE is a folder under presets/repro/ (or a path to one); its `suite.toml`
+lists the cells (row, column, run-config overrides, the paper's number) and
+the seeds (format: `server/report.py`). Every (cell, seed) is one in-process
+run in `<out>/<suite>/<row>__<column>/s<seed>/`; finished runs (their
+`summary.json` exists, written for the same config) are skipped, so an
+interrupted suite resumes. The report (`report.md`, `report.csv`, `plots/`)
+aggregates every finished seed of every cell (mean ± std) beside the paper's
+number.
+
+`--jobs N` runs N runs at once in worker processes (each with 1 torch
+thread); `--filter TEXT` runs only cells whose row or column contains TEXT;
+`--seeds N` uses only the first N seeds (quick checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import sys
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DEFAULT_OUT = "results/repro"
+
+
+@dataclass(frozen=True)
+class Job:
+    cell: Any  # server.report.Cell
+    seed: int
+    overrides: dict[str, Any]
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.overrides["results-dir"]) / self.overrides["run-name"]
+
+    @property
+    def label(self) -> str:
+        return f"{self.cell.label} s{self.seed}"
+
+
+def run_job(overrides: dict[str, Any], threads: int = 1) -> tuple[str, float]:
+    """One suite run on the in-process engine; its console output goes to <run>/log.txt.
+
+    Top-level so worker processes can run it. Returns (results folder, seconds).
+    """
+    from rich.console import Console
+
+    from common.config import validate
+    from server.inprocess import quiet_flower, run_inprocess
+
+    config = validate(overrides)
+    run_dir = Path(str(config["results-dir"])) / str(config["run-name"])
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    with (run_dir / "log.txt").open("w") as fh, quiet_flower(logging.ERROR):  # no Flower lines over the progress bar
+        console = Console(file=fh, highlight=False, width=120, force_terminal=False, color_system=None)
+        result = run_inprocess(config, console=console, threads=threads)
+    return str(result), time.perf_counter() - started
+
+
+def _worker_init() -> None:
+    import torch
+
+    torch.set_num_threads(1)  # one run per worker: N jobs use N cores
+
+
+def plan(suite, out_dir: Path, filter_text: str | None) -> tuple[list[Job], list[Job]]:
+    """(jobs to run, jobs already finished) for the matching cells."""
+    from server.report import run_is_finished
+
+    suite_dir = out_dir / suite.name
+    todo, done = [], []
+    for cell in suite.matching(filter_text):
+        for seed in cell.seeds:
+            job = Job(cell, seed, cell.run_overrides(seed, suite_dir))
+            (done if run_is_finished(job.run_dir, cell, seed) else todo).append(job)
+    return todo, done
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("repro", help="run a reproduction suite and report ours vs the paper",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("suite", nargs="?", help="suite name (presets/repro/SUITE/) or path to a suite folder")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, in worker processes (default 1)")
+    p.add_argument("--filter", help="only cells whose row or column contains this text (case-insensitive)")
+    p.add_argument("--seeds", type=int, help="use only the first N seeds of each cell")
+    p.add_argument("--out", default=DEFAULT_OUT, help=f"results folder (default {DEFAULT_OUT})")
+    p.add_argument("--list", action="store_true", help="list the suites (or, with SUITE, its cells) and exit")
+    p.add_argument("--no-plots", action="store_true", help="write report.md/csv without plots")
+    p.set_defaults(func=main)
+
+
+def _list(suite_name: str | None) -> int:
+    from server.report import available_suites, load_suite
+
+    if not suite_name:
+        for name in available_suites():
+            print(name)
+        return 0
+    suite = load_suite(suite_name)
+    print(f"{suite.name}: {suite.description}")
+    for cell in suite.cells:
+        paper = "" if cell.paper is None else f"  paper {cell.paper:g}"
+        print(f"  {cell.label}  seeds {','.join(map(str, cell.seeds))}{paper}")
+    return 0
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from common.config import ConfigError
+    from common.data.errors import DataFileMissing
+    from server.report import available_suites, load_suite, render_report, write_snapshot, write_timing
+
+    console = Console(highlight=False)
+    started = time.perf_counter()
+    try:
+        if args.list:
+            return _list(args.suite)
+        if not args.suite:
+            raise ConfigError(f"name a suite; available suites: {', '.join(available_suites()) or '(none)'}")
+        if args.jobs < 1:
+            raise ConfigError(f"--jobs must be >= 1, got {args.jobs}")
+        if args.seeds is not None and args.seeds < 1:
+            raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+        suite = load_suite(args.suite)
+        if args.seeds:
+            suite = suite.with_seed_count(args.seeds)
+        cells = suite.matching(args.filter)
+        if not cells:
+            raise ConfigError(f"--filter {args.filter!r} matches no cell of suite {suite.name!r}; cells: "
+                              + ", ".join(c.label for c in suite.cells))
+        out_dir = Path(args.out).expanduser().resolve()
+        suite_dir = out_dir / suite.name
+        todo, done = plan(suite, out_dir, args.filter)
+        _preflight(todo)
+    except (ConfigError, DataFileMissing) as e:
+        print(f"privfed repro: error: {e}", file=sys.stderr)
+        return 2
+    write_snapshot(load_suite(args.suite), suite_dir)  # the full suite, for `privfed report`
+
+    console.print(f"privfed repro: suite [bold]{suite.name}[/]: {len(cells)} cell(s), "
+                  f"{len(todo) + len(done)} run(s): {len(done)} finished, {len(todo)} to run, {args.jobs} job(s); "
+                  f"results in {suite_dir}")
+    failed = _execute(todo, len(done), args.jobs, console)
+    wall = time.perf_counter() - started
+    write_timing(suite_dir, wall, executed=len(todo) - len(failed), skipped=len(done), failed=len(failed),
+                 jobs=args.jobs)
+    md, results = render_report(suite_dir, plots=not args.no_plots)
+    _print_table(console, results)
+    for job, why in failed:
+        print(f"privfed repro: run failed: {job.label}: {why}", file=sys.stderr)
+    console.print(f"privfed repro: {len(todo) - len(failed)} run(s) executed, {len(done)} skipped, "
+                  f"{len(failed)} failed in {wall:.1f} s")
+    console.print(f"privfed repro: report in {md} and {md.with_suffix('.csv')}")
+    return 1 if failed else 0
+
+
+def _preflight(jobs: list[Job]) -> None:
+    """Load each distinct dataset once now: a missing file is one clear error before any run."""
+    from common.config import validate
+    from common.data import load_federation
+
+    seen = set()
+    for job in jobs:
+        config = validate(job.overrides)
+        key = (config["dataset"], config["data-dir"])
+        if key not in seen:
+            seen.add(key)
+            load_federation(config)
+
+
+def _execute(todo: list[Job], skipped: int, jobs: int, console) -> list[tuple[Job, str]]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    failed: list[tuple[Job, str]] = []
+    total = len(todo) + skipped
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+               TextColumn("eta"), TimeRemainingColumn())
+
+    def finished(progress, task, job: Job, result: tuple[str, float] | None, error: BaseException | None):
+        if error is not None:
+            why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+            failed.append((job, why))
+            progress.console.print(f"  [red]failed[/] {job.label}: {why}", markup=True, highlight=False)
+        else:
+            acc = _final_accuracy(Path(result[0]))
+            progress.console.print(f"  done {job.label}: accuracy {acc}  ({result[1]:.1f} s)", highlight=False)
+        progress.advance(task)
+
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("runs", total=total, completed=skipped)
+        if not todo:
+            return failed
+        if jobs == 1:
+            for job in todo:
+                progress.update(task, description=f"runs ({job.label})")
+                try:
+                    result = run_job(job.overrides)
+                except Exception as e:  # noqa: BLE001 (a failed run is reported, the suite goes on)
+                    if os.environ.get("PRIVFED_DEBUG"):
+                        raise
+                    finished(progress, task, job, None, e)
+                else:
+                    finished(progress, task, job, result, None)
+            progress.update(task, description="runs")
+            return failed
+        ctx = multiprocessing.get_context("spawn")  # torch and fork do not mix
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
+            pending = {pool.submit(run_job, job.overrides): job for job in todo}
+            try:
+                while pending:
+                    ready, _ = wait(pending, return_when=FIRST_COMPLETED)
+                    for fut in ready:
+                        job = pending.pop(fut)
+                        e = fut.exception()
+                        finished(progress, task, job, None if e else fut.result(), e)
+            except KeyboardInterrupt:
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+    return failed
+
+
+def _final_accuracy(run_dir: Path) -> str:
+    import json
+
+    try:
+        acc = json.loads((run_dir / "summary.json").read_text())["final"]["accuracy"]
+        return f"{acc:.4f}"
+    except (OSError, KeyError, TypeError, ValueError):
+        return "?"
+
+
+def _print_table(console, results) -> None:
+    from rich.table import Table
+
+    table = Table(title="ours vs paper", title_justify="left")
+    for name in ("row", "column", "ours", "n", "paper", "diff"):
+        table.add_column(name, justify="left" if name in ("row", "column") else "right")
+    for r in results:
+        d = 2 if abs(r.scale) >= 10 else 4
+        ours = "-" if r.mean is None else f"{r.mean:.{d}f} ± {r.std:.{d}f}"
+        paper = "-" if r.cell.paper is None else f"{r.cell.paper:.{d}f}"
+        diff = "-" if r.diff is None else f"{r.diff:+.{d}f}"
+        table.add_row(r.cell.row, r.cell.column, ours, str(r.n), paper, diff)
+    console.print(table)

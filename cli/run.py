@@ -1,0 +1,282 @@
+"""`privfed run`: run one preset (optionally once per seed) and print a summary.
+
+    privfed run PRESET [--set key=value ...] [--engine inprocess|simulation] [--seeds 1,2,3]
+                       [--workers N] [--threads N] [--results-dir DIR] [--quiet]
+
+PRESET is a preset name (`presets/NAME.toml`, e.g. `default` or
+`fedavg-syn-iid`) or a path to a TOML file of run-config overrides. `--set`
+values are TOML scalars (`--set lr=0.05 --set synthetic-iid=true --set
+run-name="x"`); a bare word that is not valid TOML is taken as a string
+(`--set dataset=mnist`).
+
+Engines: `inprocess` (default) runs the Flower ClientApp and the server runner
+in this process over privfed's in-process grid: fast single-machine
+experiments. `simulation` goes through `flwr run` (Flower's simulation
+engine: Ray actors, GPU resources) with a private FLWR_HOME, and stops every
+process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any, Mapping
+
+APP_DIR = Path(__file__).resolve().parents[1]
+PRESETS_DIR = APP_DIR / "presets"
+REPRO_DIR = PRESETS_DIR / "repro"
+ENGINES = ("inprocess", "simulation")
+
+
+# --- presets and overrides -------------------------------------------------------
+def available_presets() -> list[str]:
+    """Preset names under presets/ (sub-folders as 'folder/name'), excluding repro suites."""
+    if not PRESETS_DIR.is_dir():
+        return []
+    names = []
+    for path in sorted(PRESETS_DIR.rglob("*.toml")):
+        rel = path.relative_to(PRESETS_DIR)
+        if rel.parts[0] == "repro":
+            continue
+        names.append(rel.with_suffix("").as_posix())
+    return names
+
+
+def resolve_preset(preset: str, base_dir: Path | None = None) -> Path:
+    """A preset name or path -> the TOML file; ConfigError listing the presets if not found."""
+    from common.config import ConfigError
+
+    candidates = [Path(preset).expanduser()]
+    if base_dir is not None:
+        candidates.insert(0, base_dir / preset)
+    name = preset[:-5] if preset.endswith(".toml") else preset
+    candidates.append(PRESETS_DIR / f"{name}.toml")
+    for path in candidates:
+        if path.is_file():
+            return path.resolve()
+    import difflib
+
+    names = available_presets()
+    close = difflib.get_close_matches(name, names, n=3)
+    hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+    raise ConfigError(f"unknown preset {preset!r} (no such file, and no presets/{name}.toml).{hint} "
+                      f"Available presets: {', '.join(names) or '(none)'}; or give a path to a TOML file")
+
+
+def parse_scalar(text: str) -> Any:
+    """A TOML scalar (`0.05`, `true`, `"x"`, `1`); a bare word that is not TOML stays a string."""
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
+    if isinstance(value, (dict, list)):
+        from common.config import ConfigError
+
+        raise ConfigError(f"--set values must be scalars (number, boolean or string); got {text!r}")
+    return value
+
+
+def parse_sets(items: list[str] | None) -> dict[str, Any]:
+    from common.config import ConfigError
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        out[key.strip()] = parse_scalar(value.strip())
+    return out
+
+
+def parse_seeds(text: str | None) -> list[int] | None:
+    from common.config import ConfigError
+
+    if text is None:
+        return None
+    try:
+        seeds = [int(s) for s in text.replace(" ", "").split(",") if s]
+    except ValueError:
+        raise ConfigError(f"--seeds expects comma-separated integers such as 1,2,3; got {text!r}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ConfigError(f"--seeds expects distinct non-negative integers such as 1,2,3; got {text!r}")
+    return seeds
+
+
+def build_overrides(preset: str, sets: Mapping[str, Any]) -> dict[str, Any]:
+    """Preset overrides with --set applied on top, validated (ConfigError names a bad key)."""
+    from common.config import load_preset, validate
+
+    overrides = {**load_preset(resolve_preset(preset)), **sets}
+    validate(overrides)
+    return overrides
+
+
+def absolute_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """data-dir and results-dir made absolute in this process (Flower's processes have another cwd)."""
+    from common.config import resolve_data_dir, validate
+
+    config = validate(overrides)
+    out = dict(overrides)
+    out["data-dir"] = str(resolve_data_dir(config))
+    out["results-dir"] = str(Path(str(config["results-dir"])).expanduser().resolve())
+    return out
+
+
+def preflight_data(config) -> None:
+    """Load the federation and test set now, so a missing file is one clear error before any run."""
+    from common.data import load_federation, load_test_set
+
+    load_federation(config)
+    load_test_set(config)
+
+
+# --- one run -------------------------------------------------------------------
+def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, threads: int | None = 1,
+            console=None, echo=None, timeout: float = 24 * 3600) -> Path:
+    """Run validated `overrides` on `engine`; return the results folder (RuntimeError on failure)."""
+    from common.config import validate
+
+    config = validate(overrides)
+    if engine == "inprocess":
+        from server.inprocess import run_inprocess
+
+        return run_inprocess(config, workers=workers, console=console, threads=threads)
+    if engine == "simulation":
+        from server.flower_run import run_with_flower
+
+        code, output, results = run_with_flower(absolute_paths(overrides), int(config["num-clients"]),
+                                                timeout=timeout, echo=echo)
+        if code != 0 or results is None:
+            tail = "\n".join(output.rstrip().splitlines()[-15:])
+            raise RuntimeError(f"flwr run failed (exit code {code}); last output:\n{tail}")
+        return results
+    raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+
+
+def read_summary(run_dir: Path) -> dict[str, Any]:
+    summary = json.loads((Path(run_dir) / "summary.json").read_text())
+    rows_path = Path(run_dir) / "metrics.jsonl"
+    last = {}
+    if rows_path.is_file():
+        lines = [line for line in rows_path.read_text().splitlines() if line.strip()]
+        last = json.loads(lines[-1]) if lines else {}
+    from server.report import row_epsilon
+
+    final = summary.get("final", {})
+    epsilon = row_epsilon(final)
+    if epsilon is None:
+        epsilon = row_epsilon(last)
+    return {"accuracy": final.get("accuracy"), "loss": final.get("loss"), "epsilon": epsilon,
+            "rounds": summary.get("rounds"), "wall": summary.get("wall_seconds"),
+            "seed": summary.get("config", {}).get("seed"), "path": str(run_dir)}
+
+
+def _fmt(value: Any, spec: str = ".4f") -> str:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    return format(value, spec)
+
+
+def print_summary(console, results: list[dict[str, Any]], engine: str) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"privfed run ({engine})", title_justify="left")
+    for col in ("seed", "accuracy", "loss", "epsilon", "rounds", "seconds"):
+        table.add_column(col, justify="right")
+    for r in results:
+        table.add_row(str(r["seed"]), _fmt(r["accuracy"]), _fmt(r["loss"]), _fmt(r["epsilon"], ".3f"),
+                      str(r["rounds"]), _fmt(r["wall"], ".1f"))
+    if len(results) > 1:
+        import numpy as np
+
+        def ms(key):
+            vals = [r[key] for r in results if r[key] is not None]
+            return f"{np.mean(vals):.4f} ± {np.std(vals):.4f}" if vals else "-"
+
+        table.add_row("mean ± std", ms("accuracy"), ms("loss"), ms("epsilon"), "", "")
+    console.print(table)
+
+
+# --- command -------------------------------------------------------------------
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("run", help="run a preset (in-process or through Flower's simulation)",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("preset", help="preset name (presets/NAME.toml) or path to a TOML file")
+    p.add_argument("--set", dest="sets", action="append", metavar="KEY=VALUE", default=[],
+                   help="override one run-config key (TOML scalar); repeatable")
+    p.add_argument("--engine", choices=ENGINES, default="inprocess",
+                   help="inprocess (default: fast, one process) or simulation (flwr run)")
+    p.add_argument("--seeds", help="comma-separated seeds: one run per seed, run-name suffixed -s<seed>")
+    p.add_argument("--workers", type=int, default=1,
+                   help="in-process engine: client worker processes (default 1: clients run one after another)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="in-process engine: torch threads in this process (default 1; 0: leave torch's default)")
+    p.add_argument("--results-dir", help="shorthand for --set results-dir=DIR")
+    p.add_argument("--timeout", type=float, default=24 * 3600, help="simulation engine: seconds before giving up")
+    p.add_argument("--quiet", action="store_true", help="no per-round lines, only the summary")
+    p.set_defaults(func=main)
+
+
+def error(command: str, err: BaseException) -> int:
+    first = str(err).strip()
+    print(f"privfed {command}: error: {first}", file=sys.stderr)
+    return 2
+
+
+def main(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from common.config import ConfigError, validate
+    from common.data.errors import DataFileMissing
+
+    console = Console(highlight=False)
+    try:
+        sets = parse_sets(args.sets)
+        if args.results_dir:
+            sets["results-dir"] = args.results_dir
+        overrides = build_overrides(args.preset, sets)
+        seeds = parse_seeds(args.seeds)
+        if args.workers < 1:
+            raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+        config = validate(overrides)
+        if seeds:
+            from server.results import default_run_name
+
+            base = str(config["run-name"]) or default_run_name(config)
+            runs = [{**overrides, "seed": s, "run-name": f"{base}-s{s}"} for s in seeds]
+        else:
+            runs = [overrides]
+        for run in runs:
+            validate(run)
+        preflight_data(validate(runs[0]))
+    except (ConfigError, DataFileMissing) as err:
+        return error("run", err)
+
+    run_console = Console(highlight=False, quiet=args.quiet)
+    echo = None if args.quiet else (lambda line: print(line, flush=True))  # flwr's output as is
+    threads = None if args.threads == 0 else args.threads
+    results, started = [], time.perf_counter()
+    for i, run in enumerate(runs, 1):
+        if len(runs) > 1:
+            console.print(f"[bold]privfed run: {i}/{len(runs)}[/] seed {run['seed']}")
+        try:
+            run_dir = run_one(run, engine=args.engine, workers=args.workers, threads=threads,
+                              console=run_console, echo=echo, timeout=args.timeout)
+        except (ConfigError, DataFileMissing) as err:
+            return error("run", err)
+        except Exception as err:  # noqa: BLE001 (one line for the user; details above)
+            if os.environ.get("PRIVFED_DEBUG"):
+                raise
+            return error("run", f"{type(err).__name__}: {err}")
+        results.append(read_summary(run_dir))
+    print_summary(console, results, args.engine)
+    console.print(f"privfed: {len(results)} run(s) in {time.perf_counter() - started:.1f} s")
+    for r in results:
+        console.print(f"privfed: results in {r['path']}", markup=False, soft_wrap=True)
+    return 0

@@ -1,0 +1,58 @@
+"""The client's privacy ledger and budget: the data owner decides.
+
+Each node keeps one ledger per run and partition, as JSON in its state
+directory (`state-dir` node or run config; else `$PRIVFED_STATE_DIR`; else
+`<results-dir>/node-state`), so a restarted client process reopens the same
+ledger, never a fresh one. `charge` is the only way to spend privacy: it
+refuses an instruction whose entries would take epsilon past `target-epsilon`
+and records the entries (saved atomically) before the update is released.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping
+
+from flwr.app import Error, Message
+
+from common.privacy.events import LedgerEntry
+from common.privacy.ledger import PrivacyLedger
+
+BUDGET_EXHAUSTED = 4001  # error code of a refused train instruction (Flower's own codes are < 100)
+
+
+class BudgetExhausted(RuntimeError):
+    """Carrying out the instruction would exceed this client's privacy budget."""
+
+
+def state_dir(config: Mapping, node_config: Mapping) -> Path:
+    chosen = (str(node_config.get("state-dir", "")) or str(config["state-dir"])
+              or os.environ.get("PRIVFED_STATE_DIR", "") or str(Path(str(config["results-dir"])) / "node-state"))
+    return Path(chosen).expanduser().resolve()
+
+
+def ledger_path(config: Mapping, node_config: Mapping, run_id: int, partition: int) -> Path:
+    return state_dir(config, node_config) / f"run-{run_id}" / f"partition-{partition}.ledger.json"
+
+
+def open_ledger(config: Mapping, node_config: Mapping, run_id: int, partition: int) -> PrivacyLedger:
+    return PrivacyLedger.open(ledger_path(config, node_config, run_id, partition), owner=f"partition-{partition}")
+
+
+def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry]) -> None:
+    """Refuse if `entries` would exceed the budget; otherwise record them (persisted)."""
+    if not entries:
+        return
+    target, delta = float(config["target-epsilon"]), float(config["target-delta"])
+    if target > 0 and ledger.would_exceed(entries, target, delta, accountant=str(config["accountant"])):
+        spent = ledger.epsilon(delta, accountant=str(config["accountant"]))
+        raise BudgetExhausted(
+            f"refused: this round would take epsilon past the target {target} at delta {delta} "
+            f"(spent so far {spent:.4f}, {config['accountant']} accountant)"
+        )
+    ledger.record(*entries)
+
+
+def refusal(msg: Message, error: BudgetExhausted) -> Message:
+    return Message(Error(code=BUDGET_EXHAUSTED, reason=str(error)), reply_to=msg)

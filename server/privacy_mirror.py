@@ -1,0 +1,53 @@
+"""The server's mirror of every client's privacy ledger.
+
+Clients own their ledgers; the server keeps the same entries for planning and
+reporting. For each instruction a client did not refuse, the mirror records
+`planned_entries` (the client recorded the same before training, or refused),
+so the reported epsilon is an upper bound computed by an accountant call on
+the events that happened, never a running sum.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from common.privacy.events import LedgerEntry
+from common.privacy.ledger import PrivacyLedger
+
+
+class PrivacyMirror:
+    def __init__(self, config: Mapping, partitions: list[int]):
+        self.delta = float(config["target-delta"])
+        self.accountant = str(config["accountant"])
+        self.enabled = config["privacy"] != "none"
+        self.ledgers = {p: PrivacyLedger(owner=f"partition-{p}") for p in partitions}
+
+    def record(self, partition: int, entries: list[LedgerEntry]) -> None:
+        if entries:
+            self.ledgers[partition].record(*entries)
+
+    def epsilons(self) -> dict[int, float]:
+        return {p: ledger.epsilon(self.delta, accountant=self.accountant) for p, ledger in self.ledgers.items()}
+
+    def round_metrics(self) -> dict:
+        """epsilon spent after this round: max and mean over clients."""
+        if not self.enabled:
+            return {}
+        eps = list(self.epsilons().values())
+        return {"epsilon_max": max(eps), "epsilon_mean": sum(eps) / len(eps),
+                "accountant": self.accountant, "delta": self.delta}
+
+    def summary(self) -> dict:
+        if not self.enabled:
+            return {"mechanism": "none"}
+        return {
+            "delta": self.delta, "accountant": self.accountant,
+            "ledgers": {
+                str(p): {
+                    "entries": len(ledger.entries), "steps": ledger.steps(), "relations": sorted(ledger.relations()),
+                    "epsilon": {acc: ledger.epsilon(self.delta, accountant=acc) for acc in ("rdp", "pld")},
+                    "lines": ledger.summary_lines(self.delta),
+                }
+                for p, ledger in self.ledgers.items()
+            },
+        }

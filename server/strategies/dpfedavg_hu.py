@@ -1,0 +1,121 @@
+"""DP-FedAvg with zCDP of Hu, Guo & Gong (2021), the server: FedAvg over r of n
+devices per round, sigma calibrated from a target epsilon, a privacy mirror.
+
+* Sampling: r = max(floor(fraction-train * n), 1) devices per round, uniformly
+  without replacement, from (seed, round) (`server/sampling.py`), as
+  Algorithm 1. The whole schedule is drawn in advance (the paper fixes it),
+  so the participation count C_i of every device is known before round 1.
+* Aggregation: FedAvg's examples-weighted mean of the returned models (the
+  paper's (1/r) sum_i theta_i: every device holds the same m, so the weights
+  are equal). Under secure aggregation (`secure-aggregation = true`) the
+  strategy is unchanged; the grid hands it the masked sum's mean.
+* sigma: `hu-sigma` when `hu-epsilon` = 0; otherwise calibrated so that every
+  device ends at most at (hu-epsilon, hu-delta) after its C_i participations
+  under `hu-accountant` (client/updates/hu_dpsgd.py has the formulas):
+  sigma = max_i sqrt(C_i K_i / rho*), K_i the per-participation coefficient
+  of device i (its m_i), rho* = (sqrt(log 1/delta + eps) - sqrt(log 1/delta))^2.
+  The `paper` accountant's secure-aggregation credit r is taken only when
+  secure aggregation is on (without it, the paper's "approach without secure
+  aggregation": r = 1). The DP-DSGD baseline is this strategy with
+  hu-local-steps = 1 and hu-accountant = 'paper-dsgd'.
+* Every instruction carries hu-sigma, hu-local-steps, hu-clip and
+  hu-accountant; clients check their own ledger against hu-epsilon.
+* The mirror: the server's account of each device's epsilon after each round
+  (from the sampled devices, whether or not their reply arrived: a dropped
+  device may still have trained), reported as train metrics `epsilon` (the
+  largest over devices) and `participations`, and logged.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+
+from client.updates.hu_dpsgd import calibrate_sigma, round_rho
+from common.config import RunConfig
+from common.privacy.accounting import zcdp_epsilon
+from server.roster import Roster
+from server.sampling import num_sampled, sample_partitions
+from server.strategies.fedavg import FedAvg
+
+
+def participation_schedule(seed: int, rounds: int, partitions: list[int], fraction: float) -> dict[int, int]:
+    """C_i: how many of rounds 1..T sample each partition."""
+    counts = {p: 0 for p in partitions}
+    for t in range(1, rounds + 1):
+        for p in sample_partitions(seed, t, partitions, fraction):
+            counts[p] += 1
+    return counts
+
+
+class DpFedAvgHu(FedAvg):
+    def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print, *, config: RunConfig):
+        super().__init__(roster, seed, fraction_train, log)
+        self.tau = int(config["hu-local-steps"])
+        self.clip = float(config["hu-clip"])
+        self.accountant = str(config["hu-accountant"])
+        self.delta = float(config["hu-delta"])
+        self.gamma = int(config["batch-size"])
+        self.num_clients = len(roster.node_of)
+        self.secure = bool(config["secure-aggregation"])
+        self.r = num_sampled(self.num_clients, fraction_train)
+        self.schedule = participation_schedule(seed, int(config["num-rounds"]), roster.partitions, fraction_train)
+        epsilon = float(config["hu-epsilon"])
+        if epsilon > 0:
+            self.sigma = max(
+                calibrate_sigma(self.accountant, epsilon, self.delta, max(c, 1), **self._coefficients(p))
+                for p, c in self.schedule.items())
+        else:
+            self.sigma = float(config["hu-sigma"])
+        self.rho: dict[int, float] = {p: 0.0 for p in roster.partitions}
+        self._sampled: list[int] = []
+        planned = self.planned_epsilon()
+        log(f"DP-FedAvg (Hu et al.): r = {self.r} of n = {self.num_clients}, tau = {self.tau}, G = {self.clip:g}, "
+            f"gamma = {self.gamma}, sigma = {self.sigma:.6g} ({self.accountant} accountant"
+            f"{', secure-aggregation credit' if self.secure and self.accountant == 'paper' else ''}); "
+            f"participations C_i in {min(self.schedule.values())}..{max(self.schedule.values())}; "
+            f"planned epsilon {planned:.4f} at delta {self.delta:g}")
+
+    def _coefficients(self, partition: int) -> dict:
+        return {"local_steps": self.tau, "clip": self.clip, "dataset_size": self.roster.num_examples[partition],
+                "batch_size": self.gamma, "clients_per_round": self.r if self.secure else 1,
+                "num_clients": self.num_clients}
+
+    def round_rho(self, partition: int) -> float:
+        return round_rho(self.accountant, self.sigma, **self._coefficients(partition)) if self.sigma > 0 else math.inf
+
+    def planned_epsilon(self) -> float:
+        """The largest epsilon any device reaches over the whole drawn schedule (inf without noise)."""
+        if self.sigma <= 0:
+            return math.inf
+        return max(zcdp_epsilon(c * self.round_rho(p), self.delta) for p, c in self.schedule.items())
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        out = super().round_config(server_round, config)
+        out["hu-sigma"] = float(self.sigma)
+        out["hu-local-steps"] = self.tau
+        out["hu-clip"] = self.clip
+        out["hu-accountant"] = self.accountant
+        return out
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self._sampled = [self._partition_of[m.metadata.dst_node_id] for m in messages]
+        return messages
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        arrays, metrics = super().aggregate_train(server_round, replies)
+        for p in self._sampled:
+            self.rho[p] += self.round_rho(p)
+        spent = max(zcdp_epsilon(rho, self.delta) if rho > 0 else 0.0 for rho in self.rho.values())
+        metrics = MetricRecord(dict(metrics or {}))
+        metrics["epsilon"] = float(spent) if math.isfinite(spent) else -1.0
+        metrics["participations"] = max(int(round(v / self.round_rho(p))) if self.sigma > 0 else 0
+                                         for p, v in self.rho.items())
+        self.log(f"round {server_round}: epsilon spent (largest device) {spent:.4f} at delta {self.delta:g}")
+        return arrays, metrics

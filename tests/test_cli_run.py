@@ -1,0 +1,85 @@
+"""`privfed run` / `privfed data` / the command registry: clear one-line errors and a tiny in-process run."""
+
+import json
+
+import pytest
+
+from cli.main import build_parser, main
+from cli.run import available_presets, parse_scalar, parse_seeds
+from common.config import ConfigError
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_subcommands_registered():
+    parser = build_parser()
+    for argv in (["run", "default"], ["repro", "smoke"], ["report", "x"], ["data", "download", "adult"]):
+        assert callable(parser.parse_args(argv).func)
+
+
+def test_unknown_preset_lists_existing(capsys):
+    code, out, err = run(capsys, "run", "no-such-preset")
+    assert code == 2
+    assert "unknown preset 'no-such-preset'" in err and "default" in err and "fedavg-syn-iid" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert set(available_presets()) >= {"default", "fedavg-mnist", "fedavg-syn-iid"}
+
+
+def test_bad_set_key_names_close_match(capsys):
+    code, out, err = run(capsys, "run", "default", "--set", "num-round=3")
+    assert code == 2 and "unknown config key 'num-round'" in err and "num-rounds" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_bad_set_value_and_form(capsys):
+    code, _, err = run(capsys, "run", "default", "--set", "lr=fast")
+    assert code == 2 and "'lr'" in err
+    code, _, err = run(capsys, "run", "default", "--set", "lr")
+    assert code == 2 and "key=value" in err
+    code, _, err = run(capsys, "run", "default", "--seeds", "1,x")
+    assert code == 2 and "--seeds" in err
+
+
+def test_missing_data_file_is_one_line(capsys, tmp_path):
+    code, _, err = run(capsys, "run", "fedavg-mnist", "--set", f'data-dir="{tmp_path}"')
+    assert code == 2 and "not found" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_parse_scalar():
+    assert parse_scalar("0.05") == 0.05 and parse_scalar("3") == 3 and parse_scalar("true") is True
+    assert parse_scalar('"x y"') == "x y" and parse_scalar("mnist") == "mnist"
+    with pytest.raises(ConfigError):
+        parse_scalar("[1, 2]")
+    assert parse_seeds("1,2,3") == [1, 2, 3] and parse_seeds(None) is None
+
+
+def test_run_tiny_inprocess_with_seeds(capsys, tmp_path):
+    code, out, err = run(capsys, "run", "default", "--set", "num-rounds=2", "--set", 'run-name="tiny"',
+                         "--set", "synthetic-iid=true", "--seeds", "1,2", "--results-dir", str(tmp_path), "--quiet")
+    assert code == 0, err
+    for seed in (1, 2):
+        summary = json.loads((tmp_path / f"tiny-s{seed}" / "summary.json").read_text())
+        assert summary["config"]["seed"] == seed and summary["config"]["synthetic-iid"] is True
+        assert summary["rounds"] == 2
+    assert "accuracy" in out and "mean ± std" in out
+    assert f"results in {tmp_path / 'tiny-s1'}" in out
+
+
+def test_run_from_path(capsys, tmp_path):
+    preset = tmp_path / "mine.toml"
+    preset.write_text('num-rounds = 1\nrun-name = "frompath"\n')
+    code, out, err = run(capsys, "run", str(preset), "--results-dir", str(tmp_path / "res"))
+    assert code == 0, err
+    assert (tmp_path / "res" / "frompath" / "summary.json").is_file()
+    assert "round    1/1" in out
+
+
+def test_data_download_rejects_unknown_dataset(capsys):
+    with pytest.raises(SystemExit):
+        main(["data", "download", "syn-iid"])
+    assert "invalid choice" in capsys.readouterr().err

@@ -1,0 +1,196 @@
+"""DP-FedAvg of Hu et al. (client/updates/hu_dpsgd.py, server/strategies/dpfedavg_hu.py): the local
+step, the noise convention, the zCDP accountants, sigma calibration, budgets, and a run with secure
+aggregation."""
+
+from __future__ import annotations
+
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ConfigRecord, RecordDict
+
+from client.privacy import BudgetExhausted
+from client.updates.hu_dpsgd import (
+    calibrate_sigma,
+    epoch_batches,
+    epochs_touched,
+    hu_train,
+    hu_update,
+    rho_coefficient,
+    round_rho,
+)
+from common.config import ConfigError, validate
+from common.privacy.accounting import hu_rho, zcdp_epsilon, zcdp_rho_for_epsilon
+from common.privacy.ledger import PrivacyLedger
+from common.records import model_to_arrays
+from server.inprocess import run_inprocess
+from server.roster import Roster
+from server.strategies.dpfedavg_hu import DpFedAvgHu, participation_schedule
+
+
+def test_batches_are_disjoint_within_an_epoch():
+    g = torch.Generator().manual_seed(0)
+    stream = epoch_batches(10, 3, g)
+    first = [next(stream) for _ in range(3)]  # floor(10/3) = 3 batches per epoch
+    assert all(len(b) == 3 for b in first)
+    assert len(set(torch.cat(first).tolist())) == 9
+    assert epochs_touched(10, 2442, 1221) == 5 and epochs_touched(2, 2442, 64) == 1
+    with pytest.raises(ValueError):
+        epochs_touched(1, 10, 11)
+
+
+def test_one_step_is_the_papers_clipped_mean_gradient():
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 5), torch.randint(0, 2, (8,))
+    model = torch.nn.Linear(5, 2)
+    start = [p.detach().clone() for p in model.parameters()]
+    G, eta = 0.05, 0.7
+    # the expected step: (1/gamma) sum_i clip_G(grad_i), every per-sample gradient clipped jointly
+    grads = []
+    for i in range(8):
+        ref = torch.nn.Linear(5, 2)
+        ref.load_state_dict(model.state_dict())
+        loss = torch.nn.functional.cross_entropy(ref(x[i:i + 1]), y[i:i + 1])
+        g = torch.autograd.grad(loss, list(ref.parameters()))
+        norm = torch.sqrt(sum((t ** 2).sum() for t in g))
+        grads.append([t * min(1.0, G / float(norm)) for t in g])
+    mean = [sum(gs[k] for gs in grads) / 8 for k in range(2)]
+    gen = torch.Generator().manual_seed(1)
+    hu_train(model, x, y, steps=1, batch_size=8, clip=G, sigma=0.0, lr=eta, generator=gen)
+    for p, s0, m in zip(model.parameters(), start, mean):
+        torch.testing.assert_close(p.detach(), s0 - eta * m, rtol=1e-5, atol=1e-6)
+
+
+def test_noise_has_std_sigma_on_the_averaged_gradient():
+    """Opacus adds N(0, (z G)^2) to the sum and divides by gamma; z = sigma gamma / G gives std sigma."""
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 2000), torch.randint(0, 2, (64,))
+    model = torch.nn.Linear(2000, 2)
+    start = torch.cat([p.detach().ravel().clone() for p in model.parameters()])
+    sigma, eta, G = 0.3, 1.0, 1e-9  # the clipped gradient is negligible: the step is -eta * b
+    hu_train(model, x, y, steps=1, batch_size=32, clip=G, sigma=sigma, lr=eta,
+             generator=torch.Generator().manual_seed(2), noise_generator=torch.Generator().manual_seed(3))
+    step = torch.cat([p.detach().ravel() for p in model.parameters()]) - start
+    assert float(step.std()) == pytest.approx(eta * sigma, rel=0.05)
+    assert abs(float(step.mean())) < 0.05 * sigma
+
+
+def test_accountants():
+    kw = dict(local_steps=10, clip=1.0, dataset_size=2442, batch_size=1221)
+    # paper: Theorem 1 per participation, the common formula
+    assert round_rho("paper", 0.5, **kw, clients_per_round=10) == pytest.approx(
+        hu_rho(1, 10, 1.0, 2442, 1221, 0.5, clients_per_round=10))
+    # conservative = paper without the /r credit when m/gamma divides tau ...
+    assert round_rho("conservative", 0.5, **kw) == pytest.approx(round_rho("paper", 0.5, **kw, clients_per_round=1))
+    # ... and never below one step when tau * gamma < m (the paper's formula undercounts there)
+    small = dict(local_steps=2, clip=1.0, dataset_size=2442, batch_size=64)
+    one_step = 2 * 1.0 / (64 ** 2 * 0.5 ** 2)
+    assert round_rho("conservative", 0.5, **small) == pytest.approx(one_step)
+    assert round_rho("paper", 0.5, **small) < one_step
+    # DP-DSGD literal: 2 G^2 / (n gamma^2 sigma^2)
+    assert round_rho("paper-dsgd", 0.5, local_steps=1, clip=2.0, dataset_size=2442, batch_size=100,
+                     num_clients=16) == pytest.approx(2 * 4 / (16 * 100 ** 2 * 0.25))
+    with pytest.raises(ValueError):
+        rho_coefficient("bogus", **kw)
+
+
+@pytest.mark.parametrize("accountant", ["conservative", "paper", "paper-dsgd"])
+@pytest.mark.parametrize("epsilon", [1.0, 10.0])
+def test_calibrated_sigma_spends_exactly_the_budget(accountant, epsilon):
+    kw = dict(local_steps=1 if accountant == "paper-dsgd" else 10, clip=1.0, dataset_size=2442, batch_size=1221,
+              clients_per_round=10, num_clients=16)
+    sigma = calibrate_sigma(accountant, epsilon, 1e-4, 14, **kw)
+    assert zcdp_epsilon(14 * round_rho(accountant, sigma, **kw), 1e-4) == pytest.approx(epsilon, rel=1e-9)
+    # the digest's rho*(epsilon) for delta = 1e-4
+    assert zcdp_rho_for_epsilon(epsilon, 1e-4) == pytest.approx({1.0: 0.025763, 10.0: 1.817390}[epsilon], abs=2e-6)
+
+
+def _roster(n=16, m=2442):
+    return Roster({p: 1000 + p for p in range(n)}, {p: m for p in range(n)})
+
+
+def _hu_config(**kw):
+    return validate({"strategy": "dpfedavg-hu", "num-clients": 16, "fraction-train": 0.625, "num-rounds": 20,
+                     "batch-size": 1221, "hu-local-steps": 10, "hu-epsilon": 10.0, **kw})
+
+
+def test_strategy_calibrates_sigma_over_the_drawn_schedule():
+    config = _hu_config(**{"hu-accountant": "paper", "secure-aggregation": True})
+    s = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None, config=config)
+    schedule = participation_schedule(0, 20, list(range(16)), 0.625)
+    assert s.r == 10 and sum(schedule.values()) == 200 and s.schedule == schedule
+    assert s.planned_epsilon() == pytest.approx(10.0, rel=1e-9)
+    # the secure-aggregation credit: sigma^2 is r times smaller than without secure aggregation
+    plain = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None, config=_hu_config(**{"hu-accountant": "paper"}))
+    assert plain.sigma / s.sigma == pytest.approx(math.sqrt(10))
+    cons = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None, config=_hu_config(**{"secure-aggregation": True}))
+    assert cons.sigma == pytest.approx(plain.sigma)  # conservative: no credit, whole epochs here
+    cfg = s.round_config(1, ConfigRecord())
+    assert cfg["hu-sigma"] == s.sigma and cfg["hu-local-steps"] == 10 and cfg["hu-accountant"] == "paper"
+
+
+def test_config_checks():
+    with pytest.raises(ConfigError, match="paper-dsgd"):
+        validate({"strategy": "dpfedavg-hu", "hu-accountant": "paper-dsgd", "hu-local-steps": 2})
+    with pytest.raises(ConfigError, match="hu-clip = 0"):
+        validate({"strategy": "dpfedavg-hu", "hu-clip": 0.0, "hu-epsilon": 1.0})
+    with pytest.raises(ConfigError, match="at most 16"):
+        validate({"dataset": "adult", "adult-split": "hu-devices", "num-clients": 20})
+
+
+def _client(tmp_path, **kw):
+    config = validate({"strategy": "dpfedavg-hu", "num-clients": 4, "batch-size": 4, "hu-epsilon": 1.0,
+                       "hu-accountant": "conservative", "results-dir": str(tmp_path), **kw})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 2))
+    ledger = PrivacyLedger(path=tmp_path / "ledger.json")
+    return SimpleNamespace(config=config, model=model, x=torch.randn(12, 3), y=torch.randint(0, 2, (12,)),
+                           num_train=12, partition=0, ledger=ledger)
+
+
+def test_client_records_zcdp_and_refuses_past_its_budget(tmp_path):
+    client = _client(tmp_path)
+    kw = dict(local_steps=2, clip=1.0, dataset_size=12, batch_size=4)
+    sigma = calibrate_sigma("conservative", 1.0, 1e-4, 3, **kw)  # exactly 3 participations fit
+    content = RecordDict({"arrays": model_to_arrays(client.model), "config": ConfigRecord({
+        "server-round": 1, "hu-sigma": sigma, "hu-local-steps": 2, "hu-clip": 1.0, "hu-accountant": "conservative"})})
+    for t in (1, 2, 3):
+        content["config"]["server-round"] = t
+        reply = hu_update(client, content, RecordDict())
+        assert reply["metrics"]["num-examples"] == 12
+    assert [e.kind for e in client.ledger.entries] == ["zcdp"] * 3
+    assert client.ledger.epsilon(1e-4, "hu-thm1") == pytest.approx(1.0, rel=1e-9)
+    assert json.loads((tmp_path / "ledger.json").read_text())["entries"][0]["params"]["rho"] > 0
+    content["config"]["server-round"] = 4
+    with pytest.raises(BudgetExhausted, match="past hu-epsilon"):
+        hu_update(client, content, RecordDict())
+    assert len(client.ledger.entries) == 3  # nothing recorded for a refused round
+    content["config"]["hu-sigma"] = 0.0
+    with pytest.raises(BudgetExhausted, match="sigma = 0"):
+        hu_update(client, content, RecordDict())
+
+
+def test_run_with_secure_aggregation_takes_the_credit_and_stays_in_budget(tmp_path):
+    """dpfedavg-hu on the synthetic federation, paper accountant, secure aggregation: every client's
+    ledger holds one zCDP entry per participation with r = 3, and the run ends at epsilon <= target."""
+    config = validate({"strategy": "dpfedavg-hu", "dataset": "synthetic", "num-clients": 4, "fraction-train": 0.75,
+                       "num-rounds": 3, "batch-size": 8, "hu-local-steps": 4, "lr": 0.3, "hu-epsilon": 4.0,
+                       "hu-accountant": "paper", "secure-aggregation": True, "seed": 2,
+                       "results-dir": str(tmp_path), "run-name": "hu"})
+    out = run_inprocess(config)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["clients"] for r in rows] == [3, 3, 3] and all(r["secagg_survivors"] == 3 for r in rows)
+    ledgers = sorted((tmp_path / "node-state").rglob("*.ledger.json"))
+    assert len(ledgers) == 4
+    total = 0
+    for path in ledgers:
+        ledger = PrivacyLedger.load(path)
+        assert all(e.kind == "zcdp" and e.meta["clients_per_round"] == 3 for e in ledger.entries)
+        assert ledger.epsilon(1e-4, "hu-thm1") <= 4.0 * (1 + 1e-9)
+        total += len(ledger.entries)
+    assert total == 9
+    assert rows[-1]["accuracy"] > rows[0]["accuracy"] - 0.05 and np.isfinite(rows[-1]["loss"])

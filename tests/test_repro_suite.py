@@ -1,0 +1,155 @@
+"""`privfed repro` and `privfed report` on a tiny suite: report.csv columns,
+aggregation, skip-on-rerun, filters, parallel jobs and suite-file errors."""
+
+import csv
+import json
+import math
+import textwrap
+
+import numpy as np
+import pytest
+
+from cli.main import main
+from common.config import ConfigError
+from server.report import CSV_COLUMNS, METRICS, available_suites, load_suite
+
+SUITE = textwrap.dedent("""
+    [suite]
+    name = "tiny"
+    description = "two cells, two seeds"
+    seeds = [1, 2]
+    scale = 100.0
+    [suite.overrides]
+    num-clients = 3
+    num-rounds = 2
+    [[cell]]
+    row = "FedAvg"
+    column = "Syn(0,0)"
+    overrides = { synthetic-alpha = 0.0, synthetic-beta = 0.0 }
+    paper = 80.0
+    paper-std = 1.5
+    [[cell]]
+    row = "FedAvg"
+    column = "Syn(1,1)"
+    overrides = { synthetic-alpha = 1.0, synthetic-beta = 1.0 }
+""")
+
+
+@pytest.fixture()
+def suite_dir(tmp_path):
+    folder = tmp_path / "suites" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "suite.toml").write_text(SUITE)
+    return folder
+
+
+def repro(capsys, *argv):
+    code = main(["repro", *map(str, argv)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def read_csv(path):
+    with path.open() as fh:
+        return list(csv.reader(fh))
+
+
+def test_suite_runs_reports_and_skips_on_rerun(capsys, suite_dir, tmp_path):
+    out_dir = tmp_path / "out"
+    code, out, err = repro(capsys, suite_dir, "--out", out_dir)
+    assert code == 0, err
+    root = out_dir / "tiny"
+    runs = sorted(p.parent.relative_to(root).as_posix() for p in root.glob("*/s*/summary.json"))
+    assert runs == ["FedAvg__Syn-0-0/s1", "FedAvg__Syn-0-0/s2", "FedAvg__Syn-1-1/s1", "FedAvg__Syn-1-1/s2"]
+    rows = read_csv(root / "report.csv")
+    assert tuple(rows[0]) == CSV_COLUMNS == ("suite", "row", "column", "ours_mean", "ours_std", "n_seeds", "paper",
+                                             "diff")
+    body = {(r[1], r[2]): dict(zip(rows[0], r)) for r in rows[1:]}
+    first = body[("FedAvg", "Syn(0,0)")]
+    finals = [json.loads((root / "FedAvg__Syn-0-0" / f"s{s}" / "summary.json").read_text())["final"]["accuracy"] * 100
+              for s in (1, 2)]
+    assert first["suite"] == "tiny" and first["n_seeds"] == "2"
+    assert float(first["ours_mean"]) == pytest.approx(np.mean(finals), abs=1e-3)
+    assert float(first["ours_std"]) == pytest.approx(np.std(finals), abs=1e-3)
+    assert float(first["paper"]) == 80.0
+    assert float(first["diff"]) == pytest.approx(np.mean(finals) - 80.0, abs=1e-3)
+    assert body[("FedAvg", "Syn(1,1)")]["paper"] == "" and body[("FedAvg", "Syn(1,1)")]["diff"] == ""
+    md = (root / "report.md").read_text()
+    assert "| FedAvg |" in md and "(80.00 ± 1.50)" in md and "suite wall time" in md
+    assert (root / "plots" / "ours_vs_paper.png").is_file()
+    assert len(list((root / "plots").glob("curves_*.png"))) == 2
+
+    stamps = {p: p.stat().st_mtime_ns for p in root.glob("*/s*/summary.json")}
+    code, out, err = repro(capsys, suite_dir, "--out", out_dir)
+    assert code == 0, err
+    assert "0 run(s) executed, 4 skipped" in out
+    assert {p: p.stat().st_mtime_ns for p in root.glob("*/s*/summary.json")} == stamps
+
+    # `privfed report` re-renders from the results alone
+    (root / "report.csv").unlink()
+    code = main(["report", str(out_dir)])
+    assert code == 0
+    assert read_csv(root / "report.csv") == rows
+
+
+def test_filter_seeds_jobs_and_stale_runs(capsys, suite_dir, tmp_path):
+    out_dir = tmp_path / "out"
+    code, out, err = repro(capsys, suite_dir, "--out", out_dir, "--filter", "(1,1)", "--seeds", "1", "--jobs", "2")
+    assert code == 0, err
+    root = out_dir / "tiny"
+    assert sorted(p.parent.relative_to(root).as_posix() for p in root.glob("*/s*/summary.json")) == [
+        "FedAvg__Syn-1-1/s1"]
+    rows = {(r[1], r[2]): r for r in read_csv(root / "report.csv")[1:]}
+    assert rows[("FedAvg", "Syn(1,1)")][5] == "1" and rows[("FedAvg", "Syn(0,0)")][5] == "0"
+    parallel = json.loads((root / "FedAvg__Syn-1-1/s1/summary.json").read_text())["final"]
+
+    # edit the suite: the old run no longer matches its cell, so it is redone (sequentially, same numbers)
+    (suite_dir / "suite.toml").write_text(SUITE.replace("num-rounds = 2", "num-rounds = 1"))
+    code, out, err = repro(capsys, suite_dir, "--out", out_dir, "--filter", "(1,1)", "--seeds", "1")
+    assert code == 0 and "1 run(s) executed, 0 skipped" in out
+    (suite_dir / "suite.toml").write_text(SUITE)
+    code, out, err = repro(capsys, suite_dir, "--out", out_dir, "--filter", "(1,1)", "--seeds", "1")
+    assert code == 0 and "1 run(s) executed, 0 skipped" in out
+    assert json.loads((root / "FedAvg__Syn-1-1/s1/summary.json").read_text())["final"] == parallel
+
+
+def test_unknown_suite_lists_existing(capsys):
+    code, out, err = repro(capsys, "no-such-suite")
+    assert code == 2 and "unknown suite 'no-such-suite'" in err and "smoke" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "smoke" in available_suites()
+
+
+def test_suite_file_errors(tmp_path, capsys):
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "suite.toml").write_text(SUITE.replace("synthetic-alpha = 0.0,", "synthetic-alfa = 0.0,"))
+    with pytest.raises(ConfigError, match="synthetic-alfa"):
+        load_suite(str(folder))
+    code, _, err = repro(capsys, folder)
+    assert code == 2 and "synthetic-alfa" in err
+    (folder / "suite.toml").write_text(SUITE.replace('scale = 100.0', 'scale = 100.0\nmetrik = "x"'))
+    with pytest.raises(ConfigError, match="metrik"):
+        load_suite(str(folder))
+    (folder / "suite.toml").write_text(SUITE.replace('scale = 100.0', 'metric = "accuracy-at-epsilon"'))
+    with pytest.raises(ConfigError, match="metric-param"):
+        load_suite(str(folder))
+    code, _, err = repro(capsys, tmp_path / "bad", "--filter", "nothing-matches")
+    assert code == 2
+
+
+def test_smoke_suite_loads():
+    suite = load_suite("smoke")
+    assert len(suite.cells) == 4 and suite.seeds == (1, 2)
+    assert suite.with_seed_count(3).seeds == (1, 2, 3)
+
+
+def test_accuracy_at_epsilon_metric():
+    fn = METRICS["accuracy-at-epsilon"].fn
+    rows = [{"round": 1, "accuracy": 0.5, "epsilon": 0.4}, {"round": 2, "accuracy": 0.6, "epsilon": 1.1},
+            {"round": 3, "accuracy": 0.7, "epsilon": 1.6}]
+    assert fn(rows, {}, 1.0) == (0.6, None)
+    value, note = fn(rows, {}, 5.0)
+    assert value == 0.7 and "never reached" in note
+    value, note = fn([{"round": 1, "accuracy": 0.5}], {}, 1.0)
+    assert math.isnan(value) and "no epsilon" in note
