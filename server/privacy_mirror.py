@@ -46,7 +46,6 @@ class PrivacyMirror:
                 str(p): {
                     "entries": len(ledger.entries), "steps": ledger.steps(), "relations": sorted(ledger.relations()),
                     "epsilon": {acc: ledger.epsilon(self.delta, accountant=acc) for acc in ("rdp", "pld")},
-                    "lines": ledger.summary_lines(self.delta),
                 }
                 for p, ledger in self.ledgers.items()
             },

@@ -144,15 +144,36 @@ def epsilon(event: dpa.DpEvent, delta: float, *, accountant: str = "rdp", conver
         o, r = rdp_curve(event, orders)
         return rdp_to_epsilon(o, r, delta, conversion)[0]
     if accountant == "pld":
-        acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=pld_discretization)
-        if not acc.supports(event):
-            raise ValueError(
-                f"the PLD accountant cannot account {event} (a bare zCDP bound has no privacy loss "
-                "distribution); use accountant='rdp'"
-            )
-        acc.compose(event)
-        return float(acc.get_epsilon(delta))
+        return _pld_epsilon(_hashable(event), delta, pld_discretization)
     raise ValueError(f"unknown accountant {accountant!r}; known: {', '.join(ACCOUNTANTS)}")
+
+
+def _hashable(event: dpa.DpEvent):
+    """ComposedDpEvent holds a list; a tuple makes it a cache key (same event)."""
+    if isinstance(event, dpa.ComposedDpEvent):
+        return ("composed", tuple(_hashable(e) for e in event.events))
+    return event
+
+
+def _unhash(key) -> dpa.DpEvent:
+    if isinstance(key, tuple) and key and key[0] == "composed":
+        return dpa.ComposedDpEvent([_unhash(k) for k in key[1]])
+    return key
+
+
+@functools.lru_cache(maxsize=256)
+def _pld_epsilon(key, delta: float, discretization: float) -> float:
+    """PLD epsilon, cached: building a PLD is costly and clients with equal
+    ledgers (the usual case) ask for the same event."""
+    event = _unhash(key)
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
+    if not acc.supports(event):
+        raise ValueError(
+            f"the PLD accountant cannot account {event} (a bare zCDP bound has no privacy loss "
+            "distribution); use accountant='rdp'"
+        )
+    acc.compose(event)
+    return float(acc.get_epsilon(delta))
 
 
 def dpsgd_event(sample_rate: float, noise_multiplier: float, steps: int) -> dpa.DpEvent:
