@@ -10,20 +10,20 @@
 # driver and the NVIDIA Container Toolkit, which mounts the driver into the
 # container when the compose service reserves a GPU (docker-compose.gpu.yml).
 # Pick the wheel index matching the host driver (https://pytorch.org/get-started),
-# e.g. --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 ; the
-# default (PyPI) gives the CUDA build PyTorch publishes there for Linux x86_64.
+# e.g. --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 ; left
+# empty, pip's default index gives the CUDA build PyTorch publishes for Linux x86_64.
 # Jetson / other aarch64 boxes: see deploy/EDGE-GPU.md (these wheels do not fit).
 ARG FLWR_VERSION=1.41.0
 FROM flwr/superexec:${FLWR_VERSION}
 
-ARG TORCH_INDEX_URL=https://pypi.org/simple
+ARG TORCH_INDEX_URL=
 
 WORKDIR /app
 COPY --chown=app:app pyproject.toml /tmp/privfed-pyproject.toml
 
 RUN python -c "import tomllib; deps = tomllib.load(open('/tmp/privfed-pyproject.toml', 'rb'))['project']['dependencies']; print('\n'.join(d for d in deps if not d.lower().startswith('flwr')))" \
         > /tmp/privfed-requirements.txt \
-    && python -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" torch \
+    && python -m pip install --no-cache-dir ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"} torch \
     && python -m pip install --no-cache-dir -r /tmp/privfed-requirements.txt \
     && python -c "import torch; assert torch.version.cuda, 'got a CPU-only torch build'; print('torch', torch.__version__, 'CUDA', torch.version.cuda)" \
     && rm -f /tmp/privfed-pyproject.toml /tmp/privfed-requirements.txt \
