@@ -167,6 +167,13 @@ SCHEMA: dict[str, Key] = {
                       choices=("rdp", "pld")),
     "state-dir": Key("", "where each node keeps its privacy ledger; empty: $PRIVFED_STATE_DIR, else "
                      "<results-dir>/node-state"),
+    # deployment (server/polling_grid.py, server/checkpoint.py)
+    "poll-interval": Key(0.1, "seconds between the ServerApp's polls for replies on Flower's grids "
+                         "(server/polling_grid.py); 0: Flower's own send_and_receive (3 s ticks in deployment)",
+                         low=0.0, high=60.0),
+    "checkpoint": Key(False, "save the global model, the strategy's state and the privacy mirror after every "
+                      "round; a later run with the same run-name resumes from it (needs run-name)"),
+    "checkpoint-dir": Key("", "folder for checkpoints/<run-name>.ckpt.npz; empty: <results-dir>/checkpoints"),
     # results
     "results-dir": Key("results", "folder for results/<run-name>/; relative paths resolve "
                        "against the ServerApp process's working directory"),

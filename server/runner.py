@@ -34,6 +34,13 @@ def initial_model(config: RunConfig) -> torch.nn.Module:
     return build_model(name, federation.input_shape, federation.num_classes)
 
 
+def extra_train_metrics(metrics) -> dict:
+    """Aggregated train metrics besides the loss (e.g. pFedMe's personal-accuracy), as train_<name>."""
+    skip = {"train-loss", "num-examples"}
+    return {f"train_{k.replace('-', '_')}": v for k, v in (metrics or {}).items()
+            if k not in skip and isinstance(v, (int, float))}
+
+
 def active_partitions(strategy) -> list[int]:
     """Partitions the strategy may still select (wrappers expose their base's)."""
     while not hasattr(strategy, "active_partitions") and hasattr(strategy, "base"):
@@ -64,7 +71,7 @@ def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, rep
 
 def run_federation(grid: Grid, config: RunConfig, console: Console | None = None) -> Path:
     """Run the configured federation on `grid`; return the results folder."""
-    console = console or Console(highlight=False)
+    console = console or Console(highlight=False, soft_wrap=True)  # never wrap the results path
     log = lambda text: console.print(f"privfed: {text}")  # noqa: E731
     started = time.perf_counter()
     metered = MeteredGrid(grid)
@@ -113,6 +120,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             "seconds": time.perf_counter() - t0, "bytes_up": metered.bytes_up, "bytes_down": metered.bytes_down,
             "clients": metered.messages_down,
             "train_loss": None if train_metrics is None else train_metrics.get("train-loss"),
+            **extra_train_metrics(train_metrics),
             **mirror.round_metrics(),
         }
         if grid_for_strategy is not metered and metered.messages_down:  # count clients, not protocol messages

@@ -19,10 +19,10 @@ from common.seeding import numpy_rng
 
 def dpsgd_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
     config, instruction = client.config, content[CONFIG]
-    server_round = int(instruction["server-round"])
+    train_round = int(instruction.get("train-round", instruction["server-round"]))  # keys the noise and sampling
     charge(client.ledger, config, planned_entries(config, instruction))  # raises BudgetExhausted
     load_arrays(client.model, content[ARRAYS])
-    seed = int(numpy_rng(int(config["seed"]), "client-dpsgd", client.partition, server_round).integers(2**62))
+    seed = int(numpy_rng(int(config["seed"]), "client-dpsgd", client.partition, train_round).integers(2**62))
     result = dpsgd_train(
         client.model, client.x, client.y, steps=local_steps(config, instruction),
         sample_rate=float(config["dp-sample-rate"]), max_grad_norm=float(config["dp-clip"]),
