@@ -137,6 +137,10 @@ def preflight_data(config) -> None:
 
 
 # --- one run -------------------------------------------------------------------
+class SimulationFailed(RuntimeError):
+    """`flwr run` exited with an error (the message holds the tail of its output)."""
+
+
 def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, threads: int | None = 1,
             console=None, echo=None, timeout: float = 24 * 3600) -> Path:
     """Run validated `overrides` on `engine`; return the results folder (RuntimeError on failure)."""
@@ -154,7 +158,7 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
                                                 timeout=timeout, echo=echo)
         if code != 0 or results is None:
             tail = "\n".join(output.rstrip().splitlines()[-15:])
-            raise RuntimeError(f"flwr run failed (exit code {code}); last output:\n{tail}")
+            raise SimulationFailed(f"flwr run failed (exit code {code}); last output:\n{tail}")
         return results
     raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
 
@@ -223,10 +227,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def error(command: str, err: BaseException) -> int:
-    first = str(err).strip()
-    print(f"privfed {command}: error: {first}", file=sys.stderr)
-    return 2
+def error(command: str, err: BaseException | str, code: int = 2) -> int:
+    """Print `privfed COMMAND: error: ...` (no traceback) and return the exit code."""
+    print(f"privfed {command}: error: {str(err).strip()}", file=sys.stderr)
+    return code
 
 
 def main(args: argparse.Namespace) -> int:
@@ -270,10 +274,13 @@ def main(args: argparse.Namespace) -> int:
                               console=run_console, echo=echo, timeout=args.timeout)
         except (ConfigError, DataFileMissing) as err:
             return error("run", err)
-        except Exception as err:  # noqa: BLE001 (one line for the user; details above)
+        except SimulationFailed as err:
+            return error("run", err, 1)
+        except Exception as err:  # noqa: BLE001 (one line for the user, not a traceback)
             if os.environ.get("PRIVFED_DEBUG"):
                 raise
-            return error("run", f"{type(err).__name__}: {err}")
+            first = (str(err).strip().splitlines() or [""])[0]
+            return error("run", f"{type(err).__name__}: {first} (PRIVFED_DEBUG=1 shows the traceback)", 1)
         results.append(read_summary(run_dir))
     print_summary(console, results, args.engine)
     console.print(f"privfed: {len(results)} run(s) in {time.perf_counter() - started:.1f} s")

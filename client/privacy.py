@@ -33,6 +33,10 @@ def state_dir(config: Mapping, node_config: Mapping) -> Path:
 
 
 def ledger_path(config: Mapping, node_config: Mapping, run_id: int, partition: int) -> Path:
+    # A resumable run (checkpoint = true, server/checkpoint.py) outlives Flower's run id: a restarted
+    # ServerApp is a new Flower run, so its ledgers are keyed by the run-name and continue.
+    if config.get("checkpoint") and config.get("run-name"):
+        return state_dir(config, node_config) / f"name-{config['run-name']}" / f"partition-{partition}.ledger.json"
     return state_dir(config, node_config) / f"run-{run_id}" / f"partition-{partition}.ledger.json"
 
 

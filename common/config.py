@@ -56,8 +56,11 @@ DATASETS = (
     "syn-iid", "syn-0-0", "syn-0.5-0.5", "syn-1-1",  # released Upcycled-FL federations
     "mnist", "fashion-mnist", "cifar10", "adult",
 )
-MODELS = ("auto", "logreg", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "convnet", "adult-mlp")
-STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu")
+MODELS = ("auto", "logreg", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "convnet", "adult-mlp",
+          "convnet-w32")  # convnet-w32: FedLAP ConvNet at width 32 (CPU quick profiles)
+STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu",
+              "fedlap")
+STRATEGIES += ("ali-dpfl",)  # ALI-DPFL
 
 SCHEMA: dict[str, Key] = {
     # run
@@ -150,9 +153,57 @@ SCHEMA: dict[str, Key] = {
                          "'paper' = Thm 1, 2 tau G^2 / (r m gamma sigma^2) with r only under secure "
                          "aggregation; 'paper-dsgd' = the DP-DSGD baseline formula 2 G^2 / (n gamma^2 sigma^2) "
                          "(tau = 1)", choices=("conservative", "paper", "paper-dsgd")),
+    # FedLAP-DP (client/updates/fedlap.py, server/strategies/fedlap.py, common/fedlap/)
+    "fedlap-ipc": Key(10, "FedLAP: synthetic images per class the client holds (|S_k| = ipc x its classes)", low=1),
+    "fedlap-init": Key("noise", "FedLAP: initialise S_k from N(0,1) noise, or (non-DP only; reveals raw images "
+                       "to the server) from real images", choices=("noise", "real")),
+    "fedlap-reinit": Key(False, "FedLAP: re-initialise S_k every round (authors' non-DP code); false: carry "
+                         "S_k over between rounds"),
+    "fedlap-restarts": Key(1, "FedLAP R_i: trajectory restarts from the global model per round", low=1),
+    "fedlap-max-outer": Key(5, "FedLAP: cap on while-loop iterations (||w - w_g|| < r) per restart", low=1),
+    "fedlap-real-batches": Key(40, "FedLAP N: real batches per while-iteration (each one gradient access)", low=1),
+    "fedlap-image-steps": Key(5, "FedLAP R_b: synthetic-image updates per real batch", low=1),
+    "fedlap-model-steps": Key(0, "FedLAP R_l: model steps on S_k per while-iteration (full batch)", low=0),
+    "fedlap-radius": Key(10.0, "FedLAP r: trust-region radius around the global model", low=0.0, low_open=True),
+    "fedlap-image-lr": Key(100.0, "FedLAP tau: SGD learning rate of the synthetic images", low=0.0, low_open=True),
+    "fedlap-image-momentum": Key(0.5, "FedLAP: SGD momentum of the synthetic images", low=0.0, high=1.0),
+    "fedlap-mse-weight": Key(0.1, "FedLAP lambda: weight of the squared-L2 term of the matching distance", low=0.0),
+    "fedlap-dsa": Key(True, "FedLAP: DSA augmentation (same seeded op on real and synthetic batches, local "
+                      "model steps, calibration and server training)"),
+    "fedlap-calibrate": Key(True, "FedLAP non-DP: calibrate r_k (distance at the real-loss minimum while "
+                            "training on S_k, clipped to r); under DP r_k = r always"),
+    "fedlap-calib-steps": Key(100, "FedLAP non-DP calibration: steps on S_k", low=1),
+    "fedlap-calib-samples": Key(2048, "FedLAP non-DP calibration: real examples the loss is read on", low=1),
+    "fedlap-server-radius": Key("min", "FedLAP: r_g from the clients' radii (fixed: no truncation)",
+                                choices=("min", "max", "median", "fixed")),
+    "fedlap-server-steps": Key(100, "FedLAP: most server SGD steps per round on the union of the sets", low=1),
+    "fedlap-server-batch": Key(512, "FedLAP: per-set minibatch of the server steps (sets up to this size: "
+                               "full batch)", low=1),
+    "fedlap-lr-rounds": Key(0, "FedLAP: cosine learning-rate horizon E in rounds (0: num-rounds); the rate "
+                            "`lr` decays over it for client model steps and server training", low=0),
     # privacy: DP-SGD, ledgers and budgets (common/privacy, client/privacy.py)
     "privacy": Key("none", "client-side DP mechanism: none, or dpsgd (Opacus DP-SGD: Poisson sampling, "
-                   "per-sample clipping, Gaussian noise; counted in local-steps)", choices=("none", "dpsgd")),
+                   "per-sample clipping, Gaussian noise; counted in local-steps), or the Upcycled-FL private "
+                   "variants output (clip the reply to output-clip, add N(0, output-noise-std^2 I)) and objective "
+                   "(linear term <n, w>, density of n ~ exp(-objective-alpha ||n||))",
+                   choices=("none", "dpsgd", "output", "objective")),
+    # Upcycled-FL private variants (client/updates/perturbation.py; ledger: common/privacy/plan.py)
+    "output-clip": Key(10.0, "output perturbation: clip norm tau of the released model (or update)", low=0.0,
+                       low_open=True),
+    "output-noise-std": Key(1.0, "output perturbation: std sigma of the N(0, sigma^2 I) added after clipping "
+                            "(the std, not the variance; the authors' code used sigma^2 as the std)", low=0.0,
+                            low_open=True),
+    "output-perturb": Key("model", "output perturbation: clip and noise the model (paper) or the update "
+                          "w - w_global", choices=("model", "update")),
+    "output-sensitivity": Key("paper", "output perturbation ledger: 'paper' = tau/|D_i| (Thm 6.2, add/remove "
+                              "one record, the paper's modelling assumption), 'ball' = 2 tau (any two datasets; "
+                              "honest, much larger epsilon)", choices=("paper", "ball")),
+    "objective-alpha": Key(10.0, "objective perturbation: alpha of the noise density exp(-alpha ||n||) "
+                           "(larger: less noise)", low=0.0, low_open=True),
+    "objective-u1": Key(1.0, "objective perturbation, Thm 6.3 constant u1: bound on |l'| of the GLM loss "
+                        "(logistic loss: 1, with ||x|| <= 1); accounting only", low=0.0, low_open=True),
+    "objective-u2": Key(0.25, "objective perturbation, Thm 6.3 constant u2: bound on |l''| of the GLM loss "
+                        "(logistic loss: 1/4); accounting only; needs u2 <= 0.5 |D_i| mu", low=0.0),
     "local-steps": Key(0, "local optimizer steps per round instead of local-epochs (0: use local-epochs); "
                        "privacy = dpsgd needs it > 0", low=0),
     "dp-sample-rate": Key(0.01, "DP-SGD Poisson sampling rate q (expected batch q*|D|)", low=0.0, high=1.0,
@@ -163,8 +214,9 @@ SCHEMA: dict[str, Key] = {
     "target-epsilon": Key(0.0, "each client's privacy budget: it refuses training that would take its epsilon "
                           "past this (0: no budget; epsilon is still reported)", low=0.0),
     "target-delta": Key(1e-5, "delta of every epsilon reported and of the budget", low=0.0, high=1.0, low_open=True),
-    "accountant": Key("rdp", "accountant for budgets and reports (dp-accounting): rdp or pld",
-                      choices=("rdp", "pld")),
+    "accountant": Key("rdp", "accountant for budgets and reports (dp-accounting): rdp or pld; ali-eq12 = "
+                      "ALI-DPFL's Eq. 12 (RDP, integer orders 2..63,128,256,512, classic conversion)",
+                      choices=("rdp", "pld", "ali-eq12")),
     "state-dir": Key("", "where each node keeps its privacy ledger; empty: $PRIVFED_STATE_DIR, else "
                      "<results-dir>/node-state"),
     # deployment (server/polling_grid.py, server/checkpoint.py)
@@ -174,6 +226,24 @@ SCHEMA: dict[str, Key] = {
     "checkpoint": Key(False, "save the global model, the strategy's state and the privacy mirror after every "
                       "round; a later run with the same run-name resumes from it (needs run-name)"),
     "checkpoint-dir": Key("", "folder for checkpoints/<run-name>.ckpt.npz; empty: <results-dir>/checkpoints"),
+    # ALI-DPFL (server/strategies/ali_dpfl.py, common/privacy/ali.py, server/ali_mu.py)
+    "ali-gamma": Key(10.0, "ALI-DPFL Gamma (non-IIDness constant of Eq. 9): 10 for Dir(0.05), 5 Dir(0.5), "
+                     "1 Dir(1), 0 IID", low=0.0),
+    "ali-tau-init": Key(1, "ALI-DPFL tau* of the first round (and tau*_prev of its T)", low=1),
+    "ali-tau-max": Key(100, "ALI-DPFL clamp: tau* in [1, ali-tau-max] (the authors' code: 100)", low=1),
+    "ali-spend-budget": Key(True, "ALI-DPFL: raise tau to ceil((R_c - t) / rounds left) so runs with R_s < R_c "
+                            "end with the budget spent (false: the paper's tau* only)"),
+    "ali-mu-estimator": Key("dp-secant", "ALI-DPFL mu estimate: 'dp-secant' = post-processing of the aggregated "
+                            "DP updates (no leak, server/ali_mu.py); 'paper' = true full-batch gradients of the "
+                            "clients (leaks outside the accounting; logs a warning)",
+                            choices=("dp-secant", "paper")),
+    "ali-mu-ema": Key(0.5, "ALI-DPFL: mu = ema * mu_prev + (1 - ema) * estimate (0: the raw estimate)",
+                      low=0.0, high=1.0),
+    "ali-mu-min": Key(1e-3, "ALI-DPFL: mu estimates are clamped to [ali-mu-min, ali-mu-max]", low=0.0,
+                      low_open=True),
+    "ali-mu-max": Key(1e3, "ALI-DPFL: upper clamp of mu estimates", low=0.0, low_open=True),
+    "eval-every": Key(1, "evaluate the global model every this many rounds (and always after the run's last "
+                      "round); rows in between repeat the last accuracy/loss with evaluated = false", low=1),
     # results
     "results-dir": Key("results", "folder for results/<run-name>/; relative paths resolve "
                        "against the ServerApp process's working directory"),
@@ -245,9 +315,36 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
             f"set num-clients = 30 (got {v['num-clients']})"
         )
     _check_secure_aggregation(v)
-    if v["privacy"] == "dpsgd" and v["local-steps"] == 0:
+    _check_upcycled_private(v)  # Upcycled-FL private variants
+    _check_fedlap(v)  # FedLAP-DP
+    if v["strategy"] == "ali-dpfl" and (v["privacy"] != "dpsgd" or v["target-epsilon"] <= 0):  # ALI-DPFL
+        raise ConfigError("strategy 'ali-dpfl' plans DP-SGD iterations from the budget: set privacy = 'dpsgd' "
+                          "and target-epsilon > 0 (local-steps is then set by the server every round)")
+    if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] != "fedlap":
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
                           "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")
+
+
+# FedLAP-DP ---------------------------------------------------------------------
+def _check_fedlap(v: Mapping[str, Scalar]) -> None:
+    if v["strategy"] != "fedlap":
+        return
+    if v["privacy"] not in ("none", "dpsgd"):
+        raise ConfigError(f"strategy 'fedlap' runs without DP or with privacy = 'dpsgd'; got {v['privacy']!r}")
+    if v["privacy"] == "dpsgd" and v["fedlap-init"] == "real":
+        raise ConfigError("fedlap-init = 'real' puts raw images into the reply: not allowed with privacy = "
+                          "'dpsgd' (use 'noise')")
+
+
+# Upcycled-FL private variants ---------------------------------------------------
+def _check_upcycled_private(v: Mapping[str, Scalar]) -> None:
+    if v["privacy"] == "output" and v["strategy"] == "scaffold":
+        raise ConfigError("privacy = 'output' perturbs the model in the reply, but SCAFFOLD also sends its "
+                          "control-variate change, an unperturbed function of the local data; use another base")
+    if v["privacy"] == "objective" and (v["strategy"] != "fedprox" or v["prox-mu"] <= 0):
+        raise ConfigError("privacy = 'objective' is accounted by Upcycled-FL Thm 6.3, which needs the "
+                          "mu-strongly convex local objective F_i + mu/2 ||w - w_global||^2: set strategy = "
+                          f"'fedprox' and prox-mu > 0 (got strategy {v['strategy']!r}, prox-mu {v['prox-mu']})")
 
 
 # secure aggregation and DP-FedAvg (Hu et al.) ------------------------------------

@@ -72,39 +72,20 @@ class ResultsWriter:
         return plot_accuracy_vs_epsilon(self.rows, self.run_dir / "accuracy_vs_epsilon.png", title)
 
 
-def plot_accuracy_vs_epsilon(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot([r["epsilon_max"] for r in rows], [r["accuracy"] for r in rows], marker=".")
-    ax.set_xlabel(f"epsilon spent (max over clients, delta = {rows[-1]['delta']}, {rows[-1]['accountant']})")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
-
-
 def read_rows(run_dir: str | Path) -> list[dict[str, Any]]:
     path = Path(run_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def plot_accuracy(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path:
+def _plot(xs: list, ys: list, xlabel: str, path: Path, title: str) -> Path:
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    rounds = [r["round"] for r in rows]
-    ax.plot(rounds, [r["accuracy"] for r in rows], marker="." if len(rows) < 40 else None)
-    ax.set_xlabel("round")
+    ax.plot(xs, ys, marker="." if len(xs) < 40 else None)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("test accuracy")
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -112,3 +93,12 @@ def plot_accuracy(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_accuracy(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path:
+    return _plot([r["round"] for r in rows], [r["accuracy"] for r in rows], "round", path, title)
+
+
+def plot_accuracy_vs_epsilon(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path:
+    label = f"epsilon spent (max over clients, delta = {rows[-1]['delta']}, {rows[-1]['accountant']})"
+    return _plot([r["epsilon_max"] for r in rows], [r["accuracy"] for r in rows], label, path, title)

@@ -20,7 +20,9 @@ from common.records import arrays_nbytes, load_arrays, model_to_arrays
 from client.privacy import BUDGET_EXHAUSTED
 from common.privacy.plan import planned_entries
 from common.records import CONFIG
+from server.checkpoint import Checkpointer
 from server.metered_grid import MeteredGrid
+from server.polling_grid import with_polling
 from server.privacy_mirror import PrivacyMirror
 from server.results import ResultsWriter, default_run_name, package_versions
 from server.roster import enroll
@@ -66,7 +68,8 @@ def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, rep
             log(f"partition {partition} (node {node}) refused: {refused[node]}; it is no longer selected")
             retire(strategy, partition)
         else:
-            mirror.record(partition, planned_entries(config, msg.content[CONFIG]))
+            mirror.record(partition, planned_entries(config, msg.content[CONFIG],
+                                                     dataset_size=roster.num_examples[partition]))
 
 
 def run_federation(grid: Grid, config: RunConfig, console: Console | None = None) -> Path:
@@ -74,7 +77,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     console = console or Console(highlight=False, soft_wrap=True)  # never wrap the results path
     log = lambda text: console.print(f"privfed: {text}")  # noqa: E731
     started = time.perf_counter()
-    metered = MeteredGrid(grid)
+    checkpointer = Checkpointer(config, log)  # deployment: checkpoint = true needs a run-name
+    metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
     roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log)
     log(f"enrolled {len(roster.node_of)} clients ({sum(roster.num_examples.values())} training examples)")
 
@@ -97,9 +101,11 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         grid_for_strategy.enroll(float(config["node-wait-timeout"]))
     writer = ResultsWriter(str(config["results-dir"]), str(config["run-name"]) or default_run_name(config))
     initial_loss, initial_accuracy = evaluate(model, x_test, y_test, device)
+    resumed, first_round = checkpointer.resume(strategy, mirror, writer)  # (None, 1) unless resuming
+    arrays = arrays if resumed is None else resumed
 
     num_rounds = int(config["num-rounds"])
-    for server_round in range(1, num_rounds + 1):
+    for server_round in range(first_round, num_rounds + 1):
         metered.reset()
         t0 = time.perf_counter()
         if not active_partitions(strategy):
@@ -114,7 +120,13 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         elif metered.messages_down:
             log(f"round {server_round}: no usable reply; the global model is unchanged")
         load_arrays(model, arrays)
-        loss, accuracy = evaluate(model, x_test, y_test, device)
+        eval_every = int(config["eval-every"])  # > 1 (ALI-DPFL CPU suites): rows in between carry the last values
+        evaluated = eval_every == 1 or server_round % eval_every == 0 or server_round == num_rounds \
+            or not active_partitions(strategy)  # the run's last round is always evaluated
+        if evaluated:
+            loss, accuracy = evaluate(model, x_test, y_test, device)
+        elif server_round == first_round:
+            loss, accuracy = initial_loss, initial_accuracy
         row = {
             "round": server_round, "accuracy": accuracy, "loss": loss,
             "seconds": time.perf_counter() - t0, "bytes_up": metered.bytes_up, "bytes_down": metered.bytes_down,
@@ -123,6 +135,10 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             **extra_train_metrics(train_metrics),
             **mirror.round_metrics(),
         }
+        if hasattr(strategy, "extra_round_metrics"):  # e.g. ALI-DPFL's tau and mu estimates
+            row.update(strategy.extra_round_metrics())
+        if eval_every > 1:
+            row["evaluated"] = evaluated
         if grid_for_strategy is not metered and metered.messages_down:  # count clients, not protocol messages
             report = grid_for_strategy.report
             row.update(clients=len(report.selected), secagg_survivors=len(report.survivors),
@@ -131,6 +147,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         spent = f"  epsilon {row['epsilon_max']:.3f}" if "epsilon_max" in row else ""
         console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
                       f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
+        checkpointer.save(server_round, arrays, strategy, mirror, writer)
 
     if not writer.rows:
         raise RuntimeError("no round ran: every client refused its first instruction (privacy budget)")

@@ -49,6 +49,11 @@ metadata (src node id = s, reply-to = s's instruction), holding:
   sum_i w_i m_i / W, and `secagg-clients` = |S|, `secagg-dropped`,
   `secagg-examples` = W * n_max (the round's total training examples).
 
+Error replies of the inner grid (a client that raised, or refused the round
+for its privacy budget) are passed up unchanged after the synthetic replies:
+they carry no data, and the runner needs them (it stops selecting a client
+that refuses for its budget).
+
 Why replicas of the mean rather than one reply: every weighted-sum strategy
 then aggregates exactly what it would have without secure aggregation.
 FedAvg-family averages of |S| identical arrays are that array (any weights);
@@ -326,6 +331,7 @@ class SecureAggregationGrid(Grid):
         replies = list(self.inner.send_and_receive(out, timeout=timeout))
         report.round_trips = 1
         accepted: dict[int, Message] = {}
+        errors: list[Message] = []  # passed up as they are: an error carries no data (e.g. a budget refusal)
         layout: dict[str, Any] | None = None
         for reply in replies:
             node = reply.metadata.src_node_id
@@ -335,6 +341,7 @@ class SecureAggregationGrid(Grid):
             problem = None
             if reply.has_error():
                 problem = f"client error: {_short(reply.error.reason)}"
+                errors.append(reply)
             else:
                 try:
                     cfg = reply.content[RECORD]
@@ -376,11 +383,11 @@ class SecureAggregationGrid(Grid):
         except RoundAborted as exc:
             report.aborted = str(exc)
             self.log(f"secure aggregation: {exc}; the model stays unchanged")
-            return []
+            return errors
         report.survivors, report.dropped = tuple(result.survivors), tuple(result.dropped)
         replies_out = self._synthetic_replies(result, layout, refs, accepted)
         report.seconds_decode = time.perf_counter() - t0
-        return replies_out
+        return replies_out + errors
 
     def _reveal(self, request, timeout: float | None, report: RoundReport) -> None:
         t = request.round

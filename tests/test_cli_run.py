@@ -83,3 +83,22 @@ def test_data_download_rejects_unknown_dataset(capsys):
     with pytest.raises(SystemExit):
         main(["data", "download", "syn-iid"])
     assert "invalid choice" in capsys.readouterr().err
+
+
+def test_simulation_paths_are_made_absolute(monkeypatch, tmp_path):
+    from cli.run import absolute_paths
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PRIVFED_DATA_DIR", "rel-data")
+    out = absolute_paths({"results-dir": "res", "num-rounds": 1})
+    assert out["data-dir"] == str(tmp_path / "rel-data") and out["results-dir"] == str(tmp_path / "res")
+    assert out["num-rounds"] == 1
+
+
+@pytest.mark.slow
+def test_run_simulation_engine(capsys, tmp_path):
+    code, out, err = run(capsys, "run", "default", "--engine", "simulation", "--set", "num-rounds=2",
+                         "--set", "num-clients=3", "--set", 'run-name="sim"', "--results-dir", str(tmp_path))
+    assert code == 0, err + out[-2000:]
+    summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
+    assert summary["clients"] == 3 and summary["rounds"] == 2

@@ -194,3 +194,22 @@ def test_run_with_secure_aggregation_takes_the_credit_and_stays_in_budget(tmp_pa
         total += len(ledger.entries)
     assert total == 9
     assert rows[-1]["accuracy"] > rows[0]["accuracy"] - 0.05 and np.isfinite(rows[-1]["loss"])
+
+
+def test_budget_refusals_pass_through_secure_aggregation(tmp_path):
+    """A client that refuses for its budget (the generic target-epsilon, here 2 participations, below
+    hu-epsilon) under secure aggregation: its typed refusal reaches the runner through the secure grid
+    (error replies are passed up, they carry no data), the runner stops selecting it, and no client's
+    ledger goes past the budget."""
+    config = validate({"strategy": "dpfedavg-hu", "dataset": "synthetic", "num-clients": 4, "fraction-train": 0.75,
+                       "num-rounds": 5, "batch-size": 8, "hu-local-steps": 2, "lr": 0.3, "hu-epsilon": 8.0,
+                       "target-epsilon": 5.0, "target-delta": 1e-4, "hu-accountant": "conservative",
+                       "secure-aggregation": True, "seed": 2, "results-dir": str(tmp_path), "run-name": "hu"})
+    out = run_inprocess(config)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["secagg_survivors"] == 3
+    refusing = [r for r in rows if r.get("secagg_survivors", 0) < r["clients"]]
+    assert refusing, "some round had refusals"
+    assert rows[-1]["clients"] < 3  # refusing clients are no longer selected
+    for path in (tmp_path / "node-state").rglob("*.ledger.json"):
+        assert PrivacyLedger.load(path).epsilon(1e-4, "rdp") <= 5.0

@@ -25,7 +25,12 @@ RULES = {
     "feddyn": ("client.updates.feddyn", "feddyn_update"),
     "pfedme": ("client.updates.pfedme", "pfedme_update"),
     "dpfedavg-hu": ("client.updates.hu_dpsgd", "hu_update"),
+    "fedlap": ("client.updates.fedlap", "fedlap_update"),
+    "ali-dpfl": ("client.updates.ali_paper", "ali_update"),  # DP-SGD (+ the paper's mu leak if asked)
 }
+
+# Rules that apply the run's privacy mechanism themselves (FedLAP-DP: DP-SGD gradients as matching targets).
+OWN_PRIVACY = {"fedlap", "ali-dpfl"}
 
 
 # The privacy mechanism replaces the base rule where it changes local training.
@@ -34,8 +39,18 @@ PRIVATE_RULES = {
 }
 
 
+# Upcycled-FL private variants: wrappers around the base rule (client/updates/perturbation.py).
+PRIVATE_WRAPPERS = {
+    "output": ("client.updates.perturbation", "output_perturbed"),
+    "objective": ("client.updates.perturbation", "objective_perturbed"),
+}
+
+
 def update_rule(strategy: str, privacy: str = "none") -> UpdateRule:
-    if privacy in PRIVATE_RULES:
+    if privacy in PRIVATE_WRAPPERS:
+        module, name = PRIVATE_WRAPPERS[privacy]
+        return getattr(importlib.import_module(module), name)(update_rule(strategy, "none"))
+    if privacy in PRIVATE_RULES and strategy not in OWN_PRIVACY:
         module, name = PRIVATE_RULES[privacy]
         return getattr(importlib.import_module(module), name)
     if strategy not in RULES:

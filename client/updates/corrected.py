@@ -14,6 +14,7 @@ in-place add into the momentum buffer (buf' = beta buf' + g + mu (w - w0)).
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Callable
 
 import torch
@@ -22,6 +23,10 @@ import torch.nn.functional as F
 from common.seeding import torch_generator
 
 Correction = Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None]
+
+# Objective perturbation (client/updates/perturbation.py): name -> n while a perturbed rule runs. Every
+# step adds n to the gradient, i.e. the local objective gains the linear term <n, w>.
+linear_term: ContextVar[dict[str, torch.Tensor] | None] = ContextVar("linear_term", default=None)
 
 
 def clip_by_total_norm(grads: list[torch.Tensor], max_norm: float) -> None:
@@ -47,6 +52,7 @@ def train_corrected(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     params = [named[name] for name in names]
     buffers: list[torch.Tensor | None] = [None] * len(params)
     losses: list[torch.Tensor] = []
+    linear = linear_term.get()
     n = len(y)
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator)  # the same draw as `minibatches`
@@ -57,6 +63,9 @@ def train_corrected(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                 grads = {name: (torch.zeros_like(p) if g is None else g) for name, p, g in zip(names, params, raw)}
                 if correction is not None:
                     correction(named, grads)
+                if linear is not None:
+                    for name, g in grads.items():
+                        g.add_(linear[name])
                 if max_grad_norm > 0:
                     clip_by_total_norm(list(grads.values()), max_grad_norm)
                 for i, (name, p) in enumerate(zip(names, params)):

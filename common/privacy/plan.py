@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from common.privacy.events import LedgerEntry, dpsgd_steps
+from common.privacy.events import (LedgerEntry, dpsgd_steps, objective_perturbation_release,
+                                   output_perturbation_release)
 
 
 def local_steps(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> int:
@@ -18,11 +19,61 @@ def local_steps(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> in
     return int(instruction.get("local-steps", config["local-steps"]))
 
 
-def planned_entries(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> list[LedgerEntry]:
-    """Ledger entries for carrying out `instruction` under the run's privacy mechanism."""
+def fedlap_accesses(config: Mapping[str, Any]) -> int:
+    """FedLAP-DP's real-gradient accesses per round, worst case (the while loop never stops early):
+    max-outer (5) x R_i x N sampled Gaussian mechanisms. Synthesis, model steps on S_k and server
+    training are post-processing and add nothing."""
+    return (int(config["fedlap-max-outer"]) * int(config["fedlap-restarts"])
+            * int(config["fedlap-real-batches"]))
+
+
+def planned_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],
+                    dataset_size: int | None = None) -> list[LedgerEntry]:
+    """Ledger entries for carrying out `instruction` under the run's privacy mechanism.
+
+    `dataset_size` |D_i| (the client's own training-set size; the server passes
+    the size the client enrolled with) is needed by the Upcycled-FL mechanisms,
+    whose sensitivity and epsilon depend on it."""
     if config["privacy"] == "none":
         return []
+    if config["privacy"] in ("output", "objective"):
+        return upcycled_private_entries(config, instruction, dataset_size)
+    if config["privacy"] == "dpsgd" and config["strategy"] == "fedlap":
+        return [dpsgd_steps(float(config["dp-sample-rate"]), float(config["dp-noise-multiplier"]),
+                            fedlap_accesses(config), round=int(instruction["server-round"]),
+                            mechanism="fedlap-dp")]
     if config["privacy"] == "dpsgd":
         return [dpsgd_steps(float(config["dp-sample-rate"]), float(config["dp-noise-multiplier"]),
                             local_steps(config, instruction), round=int(instruction["server-round"]))]
     raise ValueError(f"no privacy plan for mechanism {config['privacy']!r}")
+
+
+# Upcycled-FL private variants ----------------------------------------------------
+# One entry per train instruction, i.e. per odd round of an Upcycled run (even
+# rounds send no instruction, so they add nothing to a client's ledger) and per
+# round of a vanilla run. The entry's `round` is the server round, and
+# meta["train-round"] the training-round index m (vanilla m = Upcycled 2m-1).
+
+def prox_mu(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> float:
+    """The mu of the local objective's proximal term (Thm 6.3): the instruction's, else the run's prox-mu."""
+    return float(instruction.get("proximal-mu", config["prox-mu"]))
+
+
+def upcycled_private_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],
+                             dataset_size: int | None) -> list[LedgerEntry]:
+    if dataset_size is None:
+        dataset_size = instruction.get("dataset-size")
+    if dataset_size is None or int(dataset_size) <= 0:
+        raise ValueError(f"privacy = {config['privacy']!r} needs the client's dataset size |D_i| > 0; got "
+                         f"{dataset_size!r}")
+    server_round = int(instruction["server-round"])
+    train_round = int(instruction.get("train-round", server_round))
+    if config["privacy"] == "output":
+        rule = str(config["output-sensitivity"])
+        return [output_perturbation_release(
+            float(config["output-clip"]), float(config["output-noise-std"]), int(dataset_size), rule=rule,
+            round=server_round, perturb=str(config["output-perturb"]), **{"train-round": train_round},
+            sensitivity_rule="paper: tau/|D_i| (Thm 6.2)" if rule == "paper" else "ball: 2 tau")]
+    return [objective_perturbation_release(
+        float(config["objective-alpha"]), float(config["objective-u1"]), float(config["objective-u2"]),
+        prox_mu(config, instruction), int(dataset_size), round=server_round, **{"train-round": train_round})]

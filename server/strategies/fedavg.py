@@ -33,6 +33,21 @@ class RosterSampling:
         self.stragglers, self.local_epochs = 0.0, 1
         self.retired: set[int] = set()
 
+    # checkpoint protocol (server/checkpoint.py): every plain-data attribute (arrays, ArrayRecords,
+    # numbers, containers of those) is saved and restored; node-id maps are rebuilt from the new roster.
+    # Strategies with other state override both and extend: {**super().state_dict(), ...}.
+    checkpoint_exclude = frozenset({"_partition_of"})
+
+    def state_dict(self) -> dict:
+        from server.checkpoint import auto_state
+
+        return auto_state(self, self.checkpoint_exclude)
+
+    def load_state_dict(self, state: dict) -> None:
+        from server.checkpoint import load_auto_state
+
+        load_auto_state(self, state)
+
     def retire(self, partition: int) -> None:
         """Stop selecting a partition (its client refused: privacy budget spent)."""
         self.retired.add(partition)

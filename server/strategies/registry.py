@@ -44,6 +44,14 @@ def build_base(config: RunConfig, roster: Roster, log=print):
         from server.strategies.dpfedavg_hu import DpFedAvgHu
 
         return DpFedAvgHu(*args, config=config)
+    if name == "fedlap":  # FedLAP-DP: trains on the clients' synthetic sets
+        from server.strategies.fedlap import FedLap
+
+        return FedLap(*args, config=config)
+    if name == "ali-dpfl":  # ALI-DPFL: tau* by Eq. 9 from the remaining budget
+        from server.strategies.ali_dpfl import AliDpfl
+
+        return AliDpfl(*args, config=config)
     raise ValueError(f"unknown strategy {name!r}")
 
 

@@ -1,0 +1,50 @@
+"""Pick the zcdp-adult hyperparameters from the tuning suite's runs (final validation accuracy).
+
+    python presets/repro/zcdp-adult/pick_hyperparameters.py [results/repro/zcdp-adult-tuning]
+
+Reads every finished run of tuning/suite.toml directly (its metrics.jsonl; a run counts when the
+overrides of its cell match the config in its summary.json, so runs made before other keys were added
+to the schema still count). Prints, per family, every setting's final validation accuracy and the
+winner: the highest accuracy; ties (within 0.05 points) go to the smaller lr, then the smaller batch.
+Copy the winners into TUNED in make_suites.py and regenerate the suites.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO))
+
+
+def main() -> int:
+    from server.report import load_suite
+
+    folder = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "results/repro/zcdp-adult-tuning")
+    suite = load_suite(str(Path(__file__).resolve().parent / "tuning"))
+    families: dict[str, list[tuple[float, tuple[int, float, float]]]] = {}
+    for cell in suite.cells:
+        run = folder / cell.folder / "s100"
+        if not (run / "summary.json").is_file():
+            continue
+        config = json.loads((run / "summary.json").read_text())["config"]
+        if any(config.get(k) != v for k, v in cell.overrides.items() if k not in ("data-dir",)):
+            continue
+        acc = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])["accuracy"] * 100
+        m = re.fullmatch(r"gamma=(\d+) G=([\d.]+) eta=([\d.]+)", cell.column)
+        families.setdefault(cell.row, []).append((acc, (int(m[1]), float(m[2]), float(m[3]))))
+    for family, results in families.items():
+        best = max(a for a, _ in results)
+        winner = min((hp for a, hp in results if a >= best - 0.05), key=lambda hp: (hp[2], hp[0]))
+        print(f"{family}:")
+        for acc, hp in sorted(results, key=lambda x: -x[0]):
+            mark = "  <- winner" if hp == winner else ""
+            print(f"    gamma={hp[0]:<5} G={hp[1]:<4g} eta={hp[2]:<6g} validation accuracy {acc:.2f}{mark}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""Checkpoint and resume of the server's run.
+
+With `checkpoint = true` the ServerApp saves, after every round, one file
+`<checkpoint-dir>/<run-name>.ckpt.npz` (atomically: temp file in the same
+folder, fsync, `os.replace`), holding
+
+- `meta`: JSON (as a uint8 array): format/version, the round just finished,
+  the run config, the results rows so far, the privacy mirror's ledgers
+  (`PrivacyLedger.to_json()`), and the strategy's state with every array
+  replaced by a reference `{"__array__": "<npz key>"}`;
+- `model/<name>`: the global model's arrays after that round;
+- `strategy/<path>`: the arrays of the strategy's state.
+
+A restarted ServerApp is a new Flower run (new run id), so a run is identified
+by privfed's `run-name`, which must be set explicitly for checkpointing. When
+a checkpoint for the run-name exists, the run resumes at the next round: the
+global model, the strategy's state, the privacy mirror (rounds already
+accounted are not re-counted) and the results rows come from the checkpoint.
+Clients key their privacy ledgers by the same run-name when `checkpoint` is on
+(`client/privacy.py`), so their ledgers continue too.
+
+Strategy state protocol: every object of the strategy's wrapper chain
+(`strategy`, `strategy.base`, ...) is saved as one state dict. An object may
+define
+
+    def state_dict(self) -> dict[str, Any]      # JSON values, numpy arrays, torch tensors,
+                                                # ArrayRecords, and dicts/lists/tuples/sets of those
+    def load_state_dict(self, state: dict[str, Any]) -> None
+
+`RosterSampling` (server/strategies/fedavg.py, so FedAvg and every strategy
+mixing it in) implements it with `auto_state`: every instance attribute that is
+plain data (momentum vectors, Yogi moments, SCAFFOLD controls, retired
+partitions, ...) except node-id maps, which the new roster rebuilds. A strategy
+with state of another kind (an RNG, an object) overrides both and extends:
+`{**super().state_dict(), "rng": ...}`. Objects without the methods (e.g. the
+Upcycled wrapper) are saved with `auto_state` too. The class names of the
+chain are recorded; a resume with another strategy is refused.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from common.config import ConfigError
+from common.privacy.ledger import PrivacyLedger
+
+FORMAT, VERSION = "privfed-checkpoint", 1
+# keys that may differ between the interrupted run and the resumed one (not num-rounds: strategies
+# plan with it, e.g. DP-FedAvg's participation schedule and noise calibration, ALI's tau*)
+MAY_CHANGE = frozenset({"round-timeout", "node-wait-timeout", "poll-interval", "device",
+                        "checkpoint-dir", "results-dir", "data-dir", "state-dir"})
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint exists but cannot be resumed by this run."""
+
+
+# --- strategy state ------------------------------------------------------------
+
+
+def _chain(strategy) -> list:
+    """The strategy and the bases it wraps (Upcycled -> FedAvg ...), outermost first."""
+    out, s = [], strategy
+    while s is not None and all(s is not o for o in out):
+        out.append(s)
+        s = getattr(s, "base", None)
+    return out
+
+
+def strategy_classes(strategy) -> list[str]:
+    return [type(s).__name__ for s in _chain(strategy)]
+
+
+def _is_data(v: Any) -> bool:
+    if v is None or isinstance(v, (bool, int, float, str, np.generic, np.ndarray, ArrayRecord)):
+        return True
+    if hasattr(v, "detach") and hasattr(v, "cpu") and hasattr(v, "numpy"):  # torch tensor
+        return True
+    if isinstance(v, (list, tuple, set, frozenset)):
+        return all(_is_data(x) for x in v)
+    if isinstance(v, dict):
+        return all(isinstance(k, (str, int, float, bool, tuple)) and _is_data(v2) for k, v2 in v.items())
+    return False
+
+
+def auto_state(obj, exclude: frozenset[str] | set[str] = frozenset()) -> dict[str, Any]:
+    """Every instance attribute of `obj` that is plain data (numbers, strings, arrays,
+    ArrayRecords, tensors and containers of those), except `exclude`. Objects,
+    callables, loggers and the roster are skipped."""
+    return {k: v for k, v in vars(obj).items() if k not in exclude and _is_data(v)}
+
+
+def load_auto_state(obj, state: Mapping[str, Any]) -> None:
+    for k, v in state.items():
+        setattr(obj, k, v)
+
+
+def strategy_state(strategy) -> list[dict[str, Any]]:
+    """One state per level of the wrapper chain: `state_dict()` where defined, else `auto_state`."""
+    return [s.state_dict() if callable(getattr(s, "state_dict", None)) else auto_state(s)
+            for s in _chain(strategy)]
+
+
+def load_strategy_state(strategy, states: list[Mapping[str, Any]]) -> None:
+    for s, state in zip(_chain(strategy), states, strict=True):
+        if callable(getattr(s, "load_state_dict", None)):
+            s.load_state_dict(dict(state))
+        else:
+            load_auto_state(s, state)
+
+
+# --- flattening arrays out of JSON ------------------------------------------------
+
+
+def _flatten(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(obj, ArrayRecord):
+        keys = []
+        for name, arr in obj.items():
+            arrays[f"{prefix}/{name}"] = arr.numpy()
+            keys.append(name)
+        return {"__arrayrecord__": prefix, "keys": keys}
+    if isinstance(obj, np.ndarray):
+        arrays[prefix] = obj
+        return {"__array__": prefix}
+    if hasattr(obj, "detach") and hasattr(obj, "cpu") and hasattr(obj, "numpy"):  # torch tensor
+        arrays[prefix] = obj.detach().cpu().numpy()
+        return {"__array__": prefix, "torch": True}
+    if isinstance(obj, Mapping):
+        if all(isinstance(k, str) for k in obj):
+            return {"__dict__": {k: _flatten(v, f"{prefix}/{k}", arrays) for k, v in obj.items()}}
+        return {"__items__": [[_flatten(k, f"{prefix}/k{i}", arrays), _flatten(v, f"{prefix}/{i}", arrays)]
+                              for i, (k, v) in enumerate(obj.items())]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]}
+    if isinstance(obj, (set, frozenset)):
+        return {"__set__": [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(sorted(obj))]}
+    if isinstance(obj, list):
+        return [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _unflatten(obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    if isinstance(obj, dict):
+        if "__arrayrecord__" in obj:
+            p = obj["__arrayrecord__"]
+            return ArrayRecord({k: Array(np.ascontiguousarray(arrays[f"{p}/{k}"])) for k in obj["keys"]})
+        if "__array__" in obj:
+            a = np.array(arrays[obj["__array__"]])
+            if obj.get("torch"):
+                import torch
+
+                return torch.from_numpy(a)
+            return a
+        if "__dict__" in obj:
+            return {k: _unflatten(v, arrays) for k, v in obj["__dict__"].items()}
+        if "__items__" in obj:
+            return {_unflatten(k, arrays): _unflatten(v, arrays) for k, v in obj["__items__"]}
+        if "__tuple__" in obj:
+            return tuple(_unflatten(v, arrays) for v in obj["__tuple__"])
+        if "__set__" in obj:
+            return set(_unflatten(v, arrays) for v in obj["__set__"])
+        raise ValueError(f"unknown checkpoint node {sorted(obj)}")
+    if isinstance(obj, list):
+        return [_unflatten(v, arrays) for v in obj]
+    return obj
+
+
+# --- the file ----------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, state: Mapping[str, Any]) -> Path:
+    """Write `state` (JSON values, arrays, ArrayRecords) to `path` atomically."""
+    arrays: dict[str, np.ndarray] = {}
+    meta = _flatten(dict(state), "", arrays)
+    meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, __meta__=meta_bytes, **{f"a{k}": v for k, v in arrays.items()})
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(z["__meta__"].tobytes().decode())
+        arrays = {k[1:]: z[k] for k in z.files if k != "__meta__"}
+    return _unflatten(meta, arrays)
+
+
+class Checkpointer:
+    """The runner's hooks: `resume(...)` before the first round, `save(...)` after each."""
+
+    def __init__(self, config: Mapping[str, Any], log: Callable[[str], None] = print):
+        self.config, self.log = config, log
+        self.enabled = bool(config["checkpoint"])
+        self.path: Path | None = None
+        if not self.enabled:
+            return
+        name = str(config["run-name"])
+        if not name:
+            raise ConfigError("checkpoint = true needs an explicit run-name: a restarted ServerApp is a new "
+                              "Flower run, and the run-name is what identifies the run to resume")
+        folder = str(config["checkpoint-dir"]) or str(Path(str(config["results-dir"])) / "checkpoints")
+        self.path = Path(folder).expanduser().resolve() / f"{name}.ckpt.npz"
+
+    def resume(self, strategy, mirror, writer) -> tuple[ArrayRecord | None, int]:
+        """Restore from the checkpoint if there is one: (global arrays, first round to run);
+        (None, 1) for a fresh start."""
+        if not self.enabled or not self.path.exists():
+            return None, 1
+        ckpt = load_checkpoint(self.path)
+        if ckpt.get("format") != FORMAT or ckpt.get("version") != VERSION:
+            raise CheckpointError(f"{self.path} is not a privfed checkpoint (version {VERSION})")
+        old = ckpt["config"]
+        changed = sorted(k for k in set(old) | set(self.config)
+                         if k not in MAY_CHANGE and old.get(k) != self.config.get(k))
+        if changed:
+            raise CheckpointError(
+                f"checkpoint {self.path} was written with a different run config ({', '.join(changed)}); "
+                "resume with the same config, or use another run-name / delete the checkpoint to start afresh")
+        if ckpt["strategy_classes"] != strategy_classes(strategy):
+            raise CheckpointError(f"checkpoint {self.path} holds the state of {ckpt['strategy_classes']}, "
+                                  f"not {strategy_classes(strategy)}")
+        load_strategy_state(strategy, ckpt["strategy"])
+        for p, ledger in ckpt["mirror"].items():
+            mirror.ledgers[int(p)] = PrivacyLedger.from_json(ledger)
+        writer.rows = []
+        writer.metrics_path.write_text("")
+        for row in ckpt["rows"]:
+            writer.add_round(row)
+        done = int(ckpt["round"])
+        self.log(f"resuming run {self.config['run-name']!r} from {self.path}: round {done} done, "
+                 f"next round {done + 1}")
+        return ckpt["model"], done + 1
+
+    def save(self, server_round: int, arrays: ArrayRecord, strategy, mirror, writer) -> None:
+        if not self.enabled:
+            return
+        save_checkpoint(self.path, {
+            "format": FORMAT, "version": VERSION, "round": server_round,
+            "config": dict(self.config), "rows": list(writer.rows),
+            "model": arrays, "strategy_classes": strategy_classes(strategy),
+            "strategy": strategy_state(strategy),
+            "mirror": {str(p): ledger.to_json() for p, ledger in mirror.ledgers.items()},
+        })

@@ -1,0 +1,157 @@
+"""ALI-DPFL (Ling et al.): DP-FedAvg whose number of local DP-SGD iterations
+tau* is planned by the server every round (Eq. 9) and broadcast with the model.
+
+Per round k (1-based), with t = DP-SGD steps each client has run so far:
+1. tau_k = `plan_round` (common/privacy/ali.py): 1 when R_s >= R_c (Lemma 1);
+   else the current tau* (the first round: `ali-tau-init`), raised with
+   `ali-spend-budget` to ceil((R_c - t) / rounds left), capped at R_c - t.
+   tau_k goes out as the instruction's `local-steps`: the client runs exactly
+   that many DP-SGD steps and charges its ledger for them (client/updates/dpsgd.py).
+2. Aggregate (FedAvg, weights |D_i|), then estimate mu (server/ali_mu.py) and
+   compute tau* for the next round by Eq. 9 with T = min(R_s * tau*_prev, R_c),
+   d = number of model parameters, B-hat = max(1, min_i q |D_i|); round half up,
+   clamp to [1, ali-tau-max].
+3. When t reaches R_c every partition is retired: the runner then ends the run
+   (no client can train within its budget). num-rounds = R_s bounds the rounds.
+
+R_c comes from the same accountant the client ledgers enforce (`accountant`;
+`ali-eq12` is the paper's), by exact search: the plan never asks for a step the
+ledger would refuse, and eps(R_c) <= target < eps(R_c + 1).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+from client.privacy import BUDGET_EXHAUSTED
+from common.privacy import ali
+from common.records import ARRAYS, METRICS, NUM_EXAMPLES, arrays_to_vector
+from server.ali_mu import GRAD_DIFF_METRIC, PAPER_WARNING, SecantMu, paper_mu
+from server.roster import Roster
+from server.strategies.fedavg import FedAvg
+
+
+class AliDpfl(FedAvg):
+    def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print, *, config):
+        super().__init__(roster, seed, fraction_train, log)
+        if config["privacy"] != "dpsgd":
+            raise ValueError("strategy 'ali-dpfl' plans DP-SGD iterations: set privacy = 'dpsgd'")
+        self.q, self.sigma = float(config["dp-sample-rate"]), float(config["dp-noise-multiplier"])
+        self.clip, self.lr = float(config["dp-clip"]), float(config["lr"])
+        self.gamma = float(config["ali-gamma"])
+        self.tau_max = int(config["ali-tau-max"])
+        self.spend_budget = bool(config["ali-spend-budget"])
+        self.estimator = str(config["ali-mu-estimator"])
+        self.mu_ema = float(config["ali-mu-ema"])
+        self.mu_min, self.mu_max = float(config["ali-mu-min"]), float(config["ali-mu-max"])
+        self.rounds = int(config["num-rounds"])  # R_s
+        target = float(config["target-epsilon"])
+        if not target > 0:
+            raise ValueError("strategy 'ali-dpfl' needs a privacy budget: set target-epsilon > 0")
+        self.rc = ali.iteration_budget(target, float(config["target-delta"]), self.q, self.sigma,
+                                       str(config["accountant"]))  # R_c
+        if self.rc <= 0:
+            raise ValueError(f"target-epsilon {target} allows no DP-SGD step at q={self.q}, sigma={self.sigma}")
+        self.b_hat = ali.batch_estimate(self.q, roster.num_examples.values())
+        self.condition = "I (R_s >= R_c: tau = 1)" if self.rounds >= self.rc else "II (R_s < R_c: tau* by Eq. 9)"
+        self.tau_star = int(config["ali-tau-init"])
+        self.steps = {p: 0 for p in roster.partitions}  # t per client (= its ledger's steps)
+        self.mu: float | None = None
+        self.num_params: int | None = None
+        self._tau = 0
+        self._round_sent: list[int] = []
+        self._w_start = None
+        self._row: dict = {}
+        self.history: list[dict] = []
+        self.secant = SecantMu(self.lr, self.q, self.clip, self.sigma, roster.num_examples)
+        log(f"ALI-DPFL: R_c = {self.rc} DP-SGD steps per client ({config['accountant']}, exact search), "
+            f"R_s = {self.rounds} rounds, condition {self.condition}; B-hat = {self.b_hat:.3f}, "
+            f"Gamma = {self.gamma}, C = {self.clip}, mu estimator {self.estimator}")
+        if self.estimator == "paper":
+            log("WARNING: " + PAPER_WARNING)
+
+    # -- planning ---------------------------------------------------------------------------
+    def steps_done(self) -> int:
+        active = self.active_partitions()
+        return max((self.steps[p] for p in active), default=self.rc)
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        out = super().round_config(server_round, config)
+        out["local-steps"] = self._tau
+        return out
+
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid: Grid) -> Iterable[Message]:
+        if self.num_params is None:
+            self.num_params = sum(a.numpy().size for a in arrays.values())
+        t = self.steps_done()
+        self._tau = ali.plan_round(self.tau_star, t, server_round, self.rounds, self.rc, self.spend_budget)
+        self._row = {"ali_tau": self._tau, "ali_rc": self.rc}
+        if self._tau == 0:
+            self._retire_all()
+            return []
+        self._w_start = arrays_to_vector(arrays)
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        self._round_sent = [self._partition_of[m.metadata.dst_node_id] for m in messages]
+        for p in self._round_sent:
+            self.steps[p] += self._tau
+        return messages
+
+    def _retire_all(self) -> None:
+        for p in self.roster.partitions:
+            self.retire(p)
+
+    # -- aggregation and the next tau* ------------------------------------------------------
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        for r in replies:  # a refusal spent nothing (the runner retires that client)
+            if r.has_error() and r.error.code == BUDGET_EXHAUSTED:
+                self.steps[self._partition_of[r.metadata.src_node_id]] -= self._tau
+        good = self.screened(replies)
+        arrays, metrics = FlowerFedAvg.aggregate_train(self, server_round, good)
+        raw = None
+        if arrays is not None and good:
+            raw = self._estimate_mu(arrays, good)
+        if raw is not None:
+            clamped = min(max(raw, self.mu_min), self.mu_max)
+            self.mu = clamped if self.mu is None else self.mu_ema * self.mu + (1 - self.mu_ema) * clamped
+        horizon = ali.horizon(self.rounds, self.tau_star, self.rc)
+        eq9 = None
+        if self.rounds < self.rc and self.mu is not None:
+            eq9 = ali.optimal_tau(self.mu, self.clip, self.gamma, horizon, self.sigma, self.num_params, self.b_hat)
+            self.tau_star = ali.round_tau(eq9, self.tau_max)
+        t = self.steps_done()
+        self._row.update(ali_mu_raw=raw, ali_mu=self.mu, ali_T=horizon, ali_eq9=eq9, ali_tau_next=self.tau_star,
+                         ali_steps=t)
+        self.history.append({"round": server_round, **self._row})
+        self.log(f"ALI-DPFL round {server_round}: tau {self._tau}, t {t}/{self.rc}, mu_raw "
+                 f"{_fmt(raw)}, mu {_fmt(self.mu)}, T {horizon}, Eq.9 {_fmt(eq9)} -> tau* {self.tau_star}")
+        if t >= self.rc:
+            self.log(f"ALI-DPFL: R_c = {self.rc} iterations reached after round {server_round}; stopping")
+            self._retire_all()
+        return arrays, metrics
+
+    def _estimate_mu(self, arrays: ArrayRecord, good: list[Message]) -> float | None:
+        sizes = {self._partition_of[m.metadata.src_node_id]: float(m.content[METRICS][NUM_EXAMPLES]) for m in good}
+        total = sum(sizes.values())
+        weights = {p: n / total for p, n in sizes.items()}
+        if self.estimator == "paper":
+            models = [arrays_to_vector(m.content[ARRAYS]) for m in good]
+            diffs = [float(m.content[METRICS].get(GRAD_DIFF_METRIC, math.nan)) for m in good]
+            return paper_mu(self._w_start, models, diffs, [weights[self._partition_of[m.metadata.src_node_id]]
+                                                           for m in good])
+        return self.secant.update(self._w_start, arrays_to_vector(arrays), self._tau, weights)
+
+    def extra_round_metrics(self) -> dict:
+        """tau of the round, mu estimates and the next tau* (added to metrics.jsonl by the runner)."""
+        return dict(self._row)
+
+
+def _fmt(x) -> str:
+    return "-" if x is None else f"{x:.4g}"

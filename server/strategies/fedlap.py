@@ -1,0 +1,179 @@
+"""FedLAP(-DP) server: train the global model on the union of the clients'
+synthetic sets until it has moved by the voted radius r_g (paper Alg. 2 / Eq. 14).
+
+Per round m (learning rate eta_m = cosine over rounds, `common/fedlap/trust.py`):
+
+    w_0 = w_g;  r_g = vote(r_k of the replies)  (min / max / median; fixed: no truncation)
+    up to fedlap-server-steps times:
+        w <- w - eta_m * sum_k (N_k / N) grad CE(w; DSA(S_k))      (plain SGD, no momentum)
+        stop once ||w - w_0|| >= r_g                               (checked after every step)
+
+The weights N_k/N are the paper's Eq. 14 (with equal N_k it is the authors'
+pooled minibatch step). Sets larger than `fedlap-server-batch` contribute a
+random minibatch of that size per step. The server only post-processes what the
+clients released: no privacy event.
+
+Replies carry images, not models, so they get their own screening
+(`set_problem`): shapes, finite values, labels in range, exactly ipc images of
+each present class, a finite positive radius and a plausible example count. A
+bad reply is dropped with a log line, never a crash. Secure aggregation cannot
+apply (the server needs the individual sets): `common/config.py` refuses it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
+from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+
+from client.updates.fedlap import LR_KEY, RADIUS, SET_KEY, round_lr
+from common.data import load_federation
+from common.fedlap.augment import augment
+from common.fedlap.trust import param_distance, vote_radius
+from common.models import build_model, resolve_model_name
+from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
+from common.seeding import torch_generator
+from server.roster import Roster
+from server.strategies.fedavg import RosterSampling
+
+
+def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_classes: int,
+                max_examples: int | None) -> str | None:
+    """Why a FedLAP reply cannot be used, or None if it can."""
+    if msg.has_error():
+        return f"client error: {msg.error.reason}"
+    content = msg.content
+    if SET_KEY not in content or not isinstance(content[SET_KEY], ArrayRecord):
+        return f"no synthetic set (ArrayRecord {SET_KEY!r})"
+    metrics = [r for r in content.values() if isinstance(r, MetricRecord)]
+    if len(metrics) != 1:
+        return f"expected one MetricRecord, got {len(metrics)}"
+    record, metric = content[SET_KEY], metrics[0]
+    if sorted(record.keys()) != ["images", "labels"]:
+        return f"set arrays must be 'images' and 'labels', got {sorted(record.keys())}"
+    images, labels = record["images"].numpy(), record["labels"].numpy()
+    if images.dtype.kind != "f" or images.ndim != 1 + len(input_shape) or tuple(images.shape[1:]) != input_shape:
+        return f"images have shape {images.shape} ({images.dtype}), expected [n, {', '.join(map(str, input_shape))}]"
+    if not np.isfinite(images).all():
+        return "images hold NaN or inf"
+    if labels.dtype.kind not in "iu" or labels.shape != (len(images),):
+        return f"labels have shape {labels.shape} ({labels.dtype}), expected [{len(images)}] integers"
+    if len(labels) == 0:
+        return "empty synthetic set"
+    if labels.min() < 0 or labels.max() >= num_classes:
+        return f"labels outside 0..{num_classes - 1}"
+    classes, counts = np.unique(labels, return_counts=True)
+    if (counts != ipc).any():
+        return f"expected {ipc} images per class (ipc x classes = {ipc * len(classes)}), got counts {counts.tolist()}"
+    radius = metric.get(RADIUS)
+    if not isinstance(radius, (int, float)) or isinstance(radius, bool) or not math.isfinite(radius) or radius <= 0:
+        return f"{RADIUS!r} must be a positive finite number, got {radius!r}"
+    n = metric.get(NUM_EXAMPLES)
+    if not isinstance(n, (int, float)) or isinstance(n, bool) or not np.isfinite(n) or n <= 0:
+        return f"{NUM_EXAMPLES!r} must be a positive number, got {n!r}"
+    if max_examples is not None and n > max_examples:
+        return f"{NUM_EXAMPLES!r} = {n} exceeds the {max_examples} examples the node enrolled with"
+    return None
+
+
+def train_on_sets(model: torch.nn.Module, sets: list[tuple[torch.Tensor, torch.Tensor, float]], *, lr: float,
+                  radius: float | None, max_steps: int, batch: int, dsa: bool,
+                  generator: torch.Generator) -> tuple[int, float, float]:
+    """SGD on sum_k weight_k CE(w; S_k) until ||w - w_0|| >= radius (None: all steps).
+    Returns (steps, distance moved, last loss)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    start = [p.detach().clone() for p in params]
+    model.train()
+    steps, loss_value, moved = 0, math.nan, 0.0
+    for _ in range(max_steps):
+        seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+        loss = params[0].new_zeros(())
+        for x, y, weight in sets:
+            if len(y) > batch:
+                pick = torch.randperm(len(y), generator=generator)[:batch]
+                x, y = x[pick], y[pick]
+            loss = loss + weight * F.cross_entropy(model(augment(x, seed) if dsa else x), y)
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            torch._foreach_add_(params, list(grads), alpha=-lr)
+        steps += 1
+        loss_value = float(loss.detach())
+        moved = param_distance(params, start)
+        if radius is not None and moved >= radius:
+            break
+    return steps, moved, loss_value
+
+
+class FedLap(RosterSampling, FlowerFedAvg):
+    """FedLAP server: per-node instructions as FedAvg; aggregation = training on the sets."""
+
+    needs_individual_replies = True
+
+    def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print, *, config):
+        super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
+                         min_available_nodes=len(roster.node_of))
+        self.setup_sampling(roster, seed, fraction_train, log)
+        self.config = config
+        federation = load_federation(config)
+        self.input_shape = tuple(federation.input_shape)
+        self.num_classes = int(federation.num_classes)
+        name = resolve_model_name(str(config["model"]), str(config["dataset"]))
+        from common.evaluation import pick_device
+
+        # the server's own device, as the runner's (server training is the heavy part on a GPU machine)
+        self.model = build_model(name, self.input_shape, self.num_classes).to(pick_device("auto"))
+        self.last_radius: float | None = None
+
+    def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
+        out = super().round_config(server_round, config)
+        out[LR_KEY] = round_lr(self.config, server_round)
+        return out
+
+    def usable(self, replies: Iterable[Message]) -> list[Message]:
+        good = []
+        for msg in replies:
+            p = self._partition_of.get(msg.metadata.src_node_id)
+            problem = set_problem(msg, ipc=int(self.config["fedlap-ipc"]), input_shape=self.input_shape,
+                                  num_classes=self.num_classes,
+                                  max_examples=None if p is None else self.roster.num_examples[p])
+            if problem:
+                self.log(f"dropping reply from node {msg.metadata.src_node_id}: {problem}")
+            else:
+                good.append(msg)
+        return good
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        good = self.usable(replies)
+        if not good or self._sent is None:
+            return None, None
+        load_arrays(self.model, self._sent)
+        device = next(self.model.parameters()).device
+        sizes = [float(next(r for r in m.content.values() if isinstance(r, MetricRecord))[NUM_EXAMPLES])
+                 for m in good]
+        total = sum(sizes)
+        sets, radii = [], []
+        for msg, n_k in zip(good, sizes):
+            record = msg.content[SET_KEY]
+            x = torch.from_numpy(np.array(record["images"].numpy(), dtype=np.float32, copy=True)).to(device)
+            y = torch.from_numpy(np.array(record["labels"].numpy(), copy=True)).long().to(device)
+            sets.append((x, y, n_k / total))
+            metric = next(r for r in msg.content.values() if isinstance(r, MetricRecord))
+            radii.append(float(metric[RADIUS]))
+        rule = str(self.config["fedlap-server-radius"])
+        r_g = vote_radius(radii, rule)
+        lr = round_lr(self.config, server_round)
+        steps, moved, loss = train_on_sets(
+            self.model, sets, lr=lr, radius=r_g, max_steps=int(self.config["fedlap-server-steps"]),
+            batch=int(self.config["fedlap-server-batch"]), dsa=bool(self.config["fedlap-dsa"]),
+            generator=torch_generator(int(self.config["seed"]), "server-fedlap", server_round))
+        self.last_radius = r_g
+        metrics = MetricRecord({"train-loss": loss, "server-steps": steps, "server-moved": moved,
+                                "server-radius": -1.0 if r_g is None else r_g, "server-lr": lr,
+                                "sets": len(sets)})
+        return model_to_arrays(self.model), metrics
