@@ -89,8 +89,10 @@ _local: dict[tuple, LocalClient] = {}
 def local_client(context: Context) -> LocalClient:
     config = node_run_config(context)
     partition = partition_of(context, config)
-    key = (context.run_id, partition, tuple(sorted(config.items())))
+    run_key = (context.run_id, tuple(sorted(config.items())))
+    if _local and next(iter(_local))[0] != run_key:
+        _local.clear()  # one run per process at a time; free the previous run's clients
+    key = (run_key, partition)  # a process may serve several nodes (in-process engine, a Ray actor)
     if key not in _local:
-        _local.clear()  # one run per process at a time; free the previous one
         _local[key] = LocalClient(config, partition, context.run_id, dict(context.node_config))
     return _local[key]

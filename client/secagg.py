@@ -194,9 +194,20 @@ def same_structure(a: ArrayRecord, b: ArrayRecord) -> bool:
     return all(tuple(a[k].numpy().shape) == tuple(b[k].numpy().shape) for k in a.keys())
 
 
-def flatten(record: ArrayRecord) -> np.ndarray:
-    parts = [np.asarray(a.numpy(), dtype=np.float64).ravel() for a in record.values()]
-    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.float64)
+def flatten(record: ArrayRecord, minus: ArrayRecord | None = None) -> np.ndarray:
+    """All arrays of `record` as one float64 vector (record order); minus `minus`'s when given (one pass)."""
+    arrays = [a.numpy() for a in record.values()]
+    out = np.empty(sum(a.size for a in arrays), dtype=np.float64)
+    subtract = [b.numpy() for b in minus.values()] if minus is not None else [None] * len(arrays)
+    offset = 0
+    for a, b in zip(arrays, subtract):
+        seg = out[offset:offset + a.size]
+        if b is None:
+            seg[:] = a.ravel()
+        else:
+            np.subtract(a.ravel(), b.ravel(), out=seg, dtype=np.float64)
+        offset += a.size
+    return out
 
 
 def unflatten(vector: np.ndarray, arrays_layout: list) -> ArrayRecord:
@@ -240,9 +251,7 @@ def encode_reply(reply: RecordDict, instruction: RecordDict, unit_records: set[s
         ref = instruction.get(name)
         delta = isinstance(ref, ArrayRecord) and same_structure(record, ref)
         unit = name in unit_records
-        vec = flatten(record)
-        if delta:
-            vec = vec - flatten(ref)
+        vec = flatten(record, ref if delta else None)
         if unit:
             if w <= 0:
                 raise ValueError(f"record {name!r} is unit-weight but this client's weight is 0")

@@ -140,14 +140,9 @@ SCHEMA: dict[str, Key] = {
     "hu-local-steps": Key(10, "DP-FedAvg (Hu et al.) tau: local minibatch SGD steps per round "
                           "(batch-size = gamma, lr = eta)", low=1),
     "hu-clip": Key(1.0, "DP-FedAvg (Hu et al.) G: per-sample gradient L2 clipping bound; 0 (only with "
-                   "hu-sigma = 0 and hu-epsilon = 0): no clipping, the non-private baseline", low=0.0),
+                   "hu-sigma = 0 and target-epsilon = 0): no clipping, the non-private baseline", low=0.0),
     "hu-sigma": Key(0.0, "DP-FedAvg (Hu et al.) sigma: std of the N(0, sigma^2 I) added to the averaged "
-                    "clipped minibatch gradient at every local step; used when hu-epsilon = 0", low=0.0),
-    "hu-epsilon": Key(0.0, "DP-FedAvg (Hu et al.): target epsilon per device; > 0 calibrates sigma with "
-                      "hu-accountant over the drawn participation schedule, and clients refuse to exceed it",
-                      low=0.0),
-    "hu-delta": Key(1e-4, "DP-FedAvg (Hu et al.): delta of the (epsilon, delta) statement", low=0.0,
-                    high=1.0, low_open=True),
+                    "clipped minibatch gradient at every local step; used when target-epsilon = 0 (else calibrated from target-epsilon and target-delta over the drawn participation schedule)", low=0.0),
     "hu-accountant": Key("conservative", "DP-FedAvg (Hu et al.) rho per participation: 'conservative' = "
                          "ceil(tau gamma / m) * 2 G^2 / (gamma^2 sigma^2), no secure-aggregation credit; "
                          "'paper' = Thm 1, 2 tau G^2 / (r m gamma sigma^2) with r only under secure "
@@ -366,7 +361,7 @@ def _check_secure_aggregation(v: Mapping[str, Scalar]) -> None:
         if v.get("privacy", "none") != "none":
             raise ConfigError("strategy 'dpfedavg-hu' brings its own mechanism (noise at every local step, "
                               f"hu-* keys): set privacy = 'none' (got {v['privacy']!r})")
-        if v["hu-clip"] == 0 and (v["hu-sigma"] > 0 or v["hu-epsilon"] > 0):
+        if v["hu-clip"] == 0 and (v["hu-sigma"] > 0 or v["target-epsilon"] > 0):
             raise ConfigError("hu-clip = 0 (no clipping) is only the non-private baseline: it needs hu-sigma = 0 "
                               "and hu-epsilon = 0 (noise without a clipping bound has no privacy guarantee)")
         if v["hu-accountant"] == "paper-dsgd" and v["hu-local-steps"] != 1:

@@ -6,6 +6,7 @@ reply's arrays map back onto the same module by name.
 
 from __future__ import annotations
 
+import math
 from collections import OrderedDict
 
 import numpy as np
@@ -57,7 +58,8 @@ def vector_to_arrays(vector: np.ndarray, like: ArrayRecord) -> ArrayRecord:
 
 
 def arrays_nbytes(arrays: ArrayRecord) -> int:
-    return sum(a.numpy().nbytes for a in arrays.values())
+    # From shape and dtype: Array.numpy() would deserialise every array just to count it.
+    return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in arrays.values())
 
 
 def recorddict_nbytes(content: RecordDict) -> int:

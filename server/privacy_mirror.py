@@ -13,13 +13,14 @@ from typing import Mapping
 
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
+from common.privacy.plan import is_private
 
 
 class PrivacyMirror:
     def __init__(self, config: Mapping, partitions: list[int]):
         self.delta = float(config["target-delta"])
         self.accountant = str(config["accountant"])
-        self.enabled = config["privacy"] != "none"
+        self.enabled = is_private(config)
         self.ledgers = {p: PrivacyLedger(owner=f"partition-{p}") for p in partitions}
 
     def record(self, partition: int, entries: list[LedgerEntry]) -> None:
@@ -45,8 +46,16 @@ class PrivacyMirror:
             "ledgers": {
                 str(p): {
                     "entries": len(ledger.entries), "steps": ledger.steps(), "relations": sorted(ledger.relations()),
-                    "epsilon": {acc: ledger.epsilon(self.delta, accountant=acc) for acc in ("rdp", "pld")},
+                    "epsilon": {acc: _epsilon_or_none(ledger, self.delta, acc) for acc in ("rdp", "pld")},
                 }
                 for p, ledger in self.ledgers.items()
             },
         }
+
+
+def _epsilon_or_none(ledger: PrivacyLedger, delta: float, accountant: str) -> float | None:
+    """None where the accountant does not apply (PLD has no distribution for a bare zCDP bound)."""
+    try:
+        return ledger.epsilon(delta, accountant=accountant)
+    except ValueError:
+        return None

@@ -351,7 +351,15 @@ def run_is_finished(run_dir: Path, cell: Cell, seed: int) -> bool:
         config = json.loads(path.read_text()).get("config", {})
     except (OSError, json.JSONDecodeError):
         return False
-    return _comparable(config) == _comparable(expected_config(cell, seed)) and config.get("seed") == seed
+    return _same_run(_comparable(config), _comparable(expected_config(cell, seed))) and config.get("seed") == seed
+
+
+def _same_run(done: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """A key the finished run's config lacks was added to the schema later: that run used its
+    default, so it only makes the run stale if the cell now wants another value."""
+    from common.config import SCHEMA
+
+    return all(done[k] == v if k in done else (k in SCHEMA and v == SCHEMA[k].default) for k, v in wanted.items())
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:

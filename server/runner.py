@@ -125,8 +125,9 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             or not active_partitions(strategy)  # the run's last round is always evaluated
         if evaluated:
             loss, accuracy = evaluate(model, x_test, y_test, device)
-        elif server_round == first_round:
-            loss, accuracy = initial_loss, initial_accuracy
+        elif server_round == first_round:  # a resumed run carries the checkpoint's last row
+            loss, accuracy = ((writer.rows[-1]["loss"], writer.rows[-1]["accuracy"]) if writer.rows
+                              else (initial_loss, initial_accuracy))
         row = {
             "round": server_round, "accuracy": accuracy, "loss": loss,
             "seconds": time.perf_counter() - t0, "bytes_up": metered.bytes_up, "bytes_down": metered.bytes_down,

@@ -40,8 +40,9 @@ def test_ali_needs_dpsgd_and_a_budget():
 
 
 def test_rs_below_rc_spends_the_budget_exactly(tmp_path):
-    config = ali_config(tmp_path, steps_budget=13, rounds=4)
+    config = ali_config(tmp_path, steps_budget=13, rounds=4, **{"eval-every": 3})
     rows, ledgers = run(config, run_id=101)
+    assert [r["evaluated"] for r in rows][-1] is True and rows[0]["evaluated"] is False  # eval-every
     target = float(config["target-epsilon"])
     assert len(rows) <= 4
     taus = [r["ali_tau"] for r in rows]

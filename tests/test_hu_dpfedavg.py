@@ -115,7 +115,7 @@ def _roster(n=16, m=2442):
 
 def _hu_config(**kw):
     return validate({"strategy": "dpfedavg-hu", "num-clients": 16, "fraction-train": 0.625, "num-rounds": 20,
-                     "batch-size": 1221, "hu-local-steps": 10, "hu-epsilon": 10.0, **kw})
+                     "batch-size": 1221, "hu-local-steps": 10, "target-epsilon": 10.0, "target-delta": 1e-4, **kw})
 
 
 def test_strategy_calibrates_sigma_over_the_drawn_schedule():
@@ -137,13 +137,13 @@ def test_config_checks():
     with pytest.raises(ConfigError, match="paper-dsgd"):
         validate({"strategy": "dpfedavg-hu", "hu-accountant": "paper-dsgd", "hu-local-steps": 2})
     with pytest.raises(ConfigError, match="hu-clip = 0"):
-        validate({"strategy": "dpfedavg-hu", "hu-clip": 0.0, "hu-epsilon": 1.0})
+        validate({"strategy": "dpfedavg-hu", "hu-clip": 0.0, "target-epsilon": 1.0})
     with pytest.raises(ConfigError, match="at most 16"):
         validate({"dataset": "adult", "adult-split": "hu-devices", "num-clients": 20})
 
 
 def _client(tmp_path, **kw):
-    config = validate({"strategy": "dpfedavg-hu", "num-clients": 4, "batch-size": 4, "hu-epsilon": 1.0,
+    config = validate({"strategy": "dpfedavg-hu", "num-clients": 4, "batch-size": 4, "target-epsilon": 1.0, "target-delta": 1e-4,
                        "hu-accountant": "conservative", "results-dir": str(tmp_path), **kw})
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 2))
@@ -166,7 +166,7 @@ def test_client_records_zcdp_and_refuses_past_its_budget(tmp_path):
     assert client.ledger.epsilon(1e-4, "hu-thm1") == pytest.approx(1.0, rel=1e-9)
     assert json.loads((tmp_path / "ledger.json").read_text())["entries"][0]["params"]["rho"] > 0
     content["config"]["server-round"] = 4
-    with pytest.raises(BudgetExhausted, match="past hu-epsilon"):
+    with pytest.raises(BudgetExhausted, match="past target-epsilon"):
         hu_update(client, content, RecordDict())
     assert len(client.ledger.entries) == 3  # nothing recorded for a refused round
     content["config"]["hu-sigma"] = 0.0
@@ -178,7 +178,7 @@ def test_run_with_secure_aggregation_takes_the_credit_and_stays_in_budget(tmp_pa
     """dpfedavg-hu on the synthetic federation, paper accountant, secure aggregation: every client's
     ledger holds one zCDP entry per participation with r = 3, and the run ends at epsilon <= target."""
     config = validate({"strategy": "dpfedavg-hu", "dataset": "synthetic", "num-clients": 4, "fraction-train": 0.75,
-                       "num-rounds": 3, "batch-size": 8, "hu-local-steps": 4, "lr": 0.3, "hu-epsilon": 4.0,
+                       "num-rounds": 3, "batch-size": 8, "hu-local-steps": 4, "lr": 0.3, "target-epsilon": 4.0, "target-delta": 1e-4,
                        "hu-accountant": "paper", "secure-aggregation": True, "seed": 2,
                        "results-dir": str(tmp_path), "run-name": "hu"})
     out = run_inprocess(config)
@@ -197,19 +197,32 @@ def test_run_with_secure_aggregation_takes_the_credit_and_stays_in_budget(tmp_pa
 
 
 def test_budget_refusals_pass_through_secure_aggregation(tmp_path):
-    """A client that refuses for its budget (the generic target-epsilon, here 2 participations, below
-    hu-epsilon) under secure aggregation: its typed refusal reaches the runner through the secure grid
-    (error replies are passed up, they carry no data), the runner stops selecting it, and no client's
-    ledger goes past the budget."""
+    """A client whose ledger is already near the budget (spent in an earlier part of the run) refuses
+    under secure aggregation: its typed refusal reaches the runner through the secure grid (error
+    replies are passed up, they carry no data), the runner stops selecting it, the round is decoded
+    from the others, and the refusing client's ledger is unchanged."""
+    from client.privacy import ledger_path
+    from common.privacy.events import zcdp_release
+    from common.privacy.accounting import zcdp_rho_for_epsilon
+    from server.inprocess_grid import InProcessGrid
+    from server.runner import run_federation
+
     config = validate({"strategy": "dpfedavg-hu", "dataset": "synthetic", "num-clients": 4, "fraction-train": 0.75,
-                       "num-rounds": 5, "batch-size": 8, "hu-local-steps": 2, "lr": 0.3, "hu-epsilon": 8.0,
-                       "target-epsilon": 5.0, "target-delta": 1e-4, "hu-accountant": "conservative",
-                       "secure-aggregation": True, "seed": 2, "results-dir": str(tmp_path), "run-name": "hu"})
-    out = run_inprocess(config)
+                       "num-rounds": 5, "batch-size": 8, "hu-local-steps": 2, "lr": 0.3, "target-epsilon": 5.0,
+                       "target-delta": 1e-4, "hu-accountant": "conservative", "secure-aggregation": True,
+                       "seed": 2, "results-dir": str(tmp_path), "run-name": "hu"})
+    run_id = 77
+    spent_path = ledger_path(config, {}, run_id, 0)
+    spent = PrivacyLedger.open(spent_path, owner="partition-0")
+    spent.record(zcdp_release(0.999 * zcdp_rho_for_epsilon(5.0, 1e-4), round=0))  # nearly the whole budget
+    with InProcessGrid("client.app:app", dict(config), 4, run_id=run_id) as grid:
+        out = run_federation(grid, config)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert rows[0]["secagg_survivors"] == 3
     refusing = [r for r in rows if r.get("secagg_survivors", 0) < r["clients"]]
-    assert refusing, "some round had refusals"
-    assert rows[-1]["clients"] < 3  # refusing clients are no longer selected
+    assert refusing, "partition 0 should have refused once"
+    first = refusing[0]
+    assert first["round"] == 1 and first["secagg_survivors"] == first["clients"] - 1  # decoded from the others
+    assert rows[1]["clients"] == 3 and rows[1]["secagg_survivors"] == 3  # partition 0 is no longer selected
+    assert len(PrivacyLedger.load(spent_path)) == 1  # the refusal left its ledger unchanged
     for path in (tmp_path / "node-state").rglob("*.ledger.json"):
-        assert PrivacyLedger.load(path).epsilon(1e-4, "rdp") <= 5.0
+        assert PrivacyLedger.load(path).epsilon(1e-4, "hu-thm1") <= 5.0 * (1 + 1e-9)

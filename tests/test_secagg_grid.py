@@ -257,3 +257,18 @@ def test_client_refuses_unmasked_train_and_survives_fresh_processes(tmp_path):
         out = run_federation(Fresh(inner), config.replace(num_rounds=2, results_dir=str(tmp_path), run_name="fresh"))
     assert all("secagg-client" in c.state for c in contexts.values())
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["clients"] == 4
+
+
+@pytest.mark.parametrize("overrides", [
+    {"strategy": "fedavgm"}, {"strategy": "fedprox"}, {"strategy": "scaffold"}, {"strategy": "feddyn"},
+    {"strategy": "fedyogi"}, {"strategy": "pfedme"}, {"strategy": "fedavg", "upcycled": True},
+], ids=lambda o: "upcycled-fedavg" if o.get("upcycled") else o["strategy"])
+def test_every_weighted_sum_strategy_runs_unchanged(tmp_path, overrides):
+    """Same model with and without secure aggregation (SCAFFOLD's control delta and FedDyn's model are
+    unit-weight records; Upcycled's even round contacts nobody)."""
+    kw = {"num-rounds": 2, **overrides}
+    out_p, rows_p, _, _ = run(tmp_path, "p", **kw)
+    out_s, rows_s, _, _ = run(tmp_path, "s", **{**kw, "secure-aggregation": True})
+    for key, a in model(out_p).items():
+        np.testing.assert_allclose(model(out_s)[key], a, atol=2e-4, err_msg=key)
+    assert [r["accuracy"] for r in rows_s] == pytest.approx([r["accuracy"] for r in rows_p], abs=5e-3)

@@ -26,7 +26,7 @@ The local rule (Algorithm 1; `reference/zcdp-secagg.md` section 2):
   floor(m / gamma)) epochs and uses each sample at most once per epoch.
 * The step size eta is `lr`, gamma is `batch-size`, tau is `hu-local-steps`,
   G is `hu-clip`; sigma comes from the server (`hu-sigma` in the instruction:
-  calibrated there from `hu-epsilon`, see server/strategies/dpfedavg_hu.py).
+  calibrated there from `target-epsilon`, see server/strategies/dpfedavg_hu.py).
   G = 0 with sigma = 0 is the non-private baseline (plain minibatch SGD, no
   clipping, no ledger entry).
 
@@ -52,7 +52,7 @@ entry per participation, composed by summing rho):
 Each (epsilon, delta) is rho + 2 sqrt(rho log 1/delta) (Lemma 4), the ledger's
 `hu-thm1` accountant. The node's persistent ledger (`client.ledger`,
 client/privacy.py) refuses a participation that would take it past
-`hu-epsilon` (principle 3).
+`target-epsilon` (principle 3).
 """
 
 from __future__ import annotations
@@ -62,51 +62,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-ACCOUNTANTS = ("conservative", "paper", "paper-dsgd")
-
-
-# --- accounting (pure) ---------------------------------------------------------------
-def epochs_touched(local_steps: int, dataset_size: int, batch_size: int) -> int:
-    """E = ceil(tau / floor(m / gamma)): local epochs a round of tau steps draws batches from."""
-    per_epoch = dataset_size // batch_size
-    if per_epoch < 1:
-        raise ValueError(f"batch size gamma = {batch_size} exceeds the local dataset (m = {dataset_size})")
-    return -(-local_steps // per_epoch)
-
-
-def rho_coefficient(accountant: str, *, local_steps: int, clip: float, dataset_size: int, batch_size: int,
-                    clients_per_round: int = 1, num_clients: int = 1) -> float:
-    """K with rho = K / sigma^2 for one participation (module docstring); `clients_per_round` is r for
-    the paper's secure-aggregation credit (pass 1 without secure aggregation)."""
-    tau, G, m, gamma = int(local_steps), float(clip), int(dataset_size), int(batch_size)
-    if accountant == "conservative":
-        return epochs_touched(tau, m, gamma) * 2.0 * G * G / (gamma * gamma)
-    if accountant == "paper":
-        return 2.0 * tau * G * G / (max(int(clients_per_round), 1) * m * gamma)
-    if accountant == "paper-dsgd":
-        return 2.0 * G * G / (max(int(num_clients), 1) * gamma * gamma)
-    raise ValueError(f"unknown accountant {accountant!r}; known: {', '.join(ACCOUNTANTS)}")
-
-
-def round_rho(accountant: str, sigma: float, **kw) -> float:
-    """rho of one participation at noise std sigma (> 0)."""
-    if not sigma > 0:
-        raise ValueError(f"sigma must be positive for a finite rho, got {sigma}")
-    return rho_coefficient(accountant, **kw) / (sigma * sigma)
-
-
-def calibrate_sigma(accountant: str, epsilon: float, delta: float, participations: int, **kw) -> float:
-    """The smallest sigma with participations * rho(sigma) <= rho*(epsilon, delta) (closed form).
-
-    rho* = (sqrt(log 1/delta + epsilon) - sqrt(log 1/delta))^2 inverts Lemma 4 exactly;
-    sigma = sqrt(C K / rho*).
-    """
-    from common.privacy.accounting import zcdp_rho_for_epsilon
-
-    if not epsilon > 0:
-        raise ValueError(f"target epsilon must be positive, got {epsilon}")
-    target = zcdp_rho_for_epsilon(float(epsilon), float(delta))
-    return math.sqrt(int(participations) * rho_coefficient(accountant, **kw) / target)
+# The accounting is pure and shared with the server's mirror: common/privacy/hu.py.
+from common.privacy.hu import ACCOUNTANTS, calibrate_sigma, epochs_touched, rho_coefficient, round_rho  # noqa: E402,F401
 
 
 # --- local training ------------------------------------------------------------------
@@ -160,7 +117,7 @@ def hu_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
 def hu_update(client, content, state):
     """DP-FedAvg (Hu et al.) client: tau noisy clipped SGD steps from the received model; reply with the model.
 
-    The participation's zCDP entry is checked against `hu-epsilon` (the paper's conversion, ledger
+    The participation's zCDP entry is checked against `target-epsilon` (the paper's conversion, ledger
     accountant `hu-thm1`) and against the run's generic `target-epsilon` (`client.privacy.charge`), and
     recorded in the node's persistent ledger before training; a refusal raises `BudgetExhausted`, which
     the ClientApp turns into a typed refusal (the server then stops selecting this client).
@@ -169,7 +126,7 @@ def hu_update(client, content, state):
 
     from client.privacy import BudgetExhausted, charge
     from client.secagg import RECORD as SECAGG, ids_from_bytes
-    from common.privacy.events import zcdp_release
+    from common.privacy.plan import planned_entries
     from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
     from common.seeding import torch_generator
 
@@ -182,23 +139,23 @@ def hu_update(client, content, state):
     server_round = int(instruction.get("train-round", instruction["server-round"]))
     secure = SECAGG in content
     r = len(ids_from_bytes(content[SECAGG]["selected"])) if secure else 1  # the SA credit only if masked
-    target, delta = float(config["hu-epsilon"]), float(config["hu-delta"])
+    target, delta = float(config["target-epsilon"]), float(config["target-delta"])
 
     if sigma > 0:
-        rho = round_rho(accountant, sigma, local_steps=tau, clip=clip, dataset_size=m, batch_size=gamma,
-                        clients_per_round=r, num_clients=int(config["num-clients"]))
-        entry = zcdp_release(rho, round=server_round, mechanism="hu-dp-fedavg", accountant=accountant,
-                             sigma=sigma, local_steps=tau, clip=clip, batch_size=gamma, dataset_size=m,
-                             clients_per_round=r)
+        claimed = int(instruction.get("hu-clients-per-round", 1))
+        if claimed != r:  # the secure-aggregation credit only for a masked reply among r clients
+            raise ValueError(f"instruction claims r = {claimed} clients per round for the accounting, "
+                             f"but this reply is {'masked among ' + str(r) if secure else 'not masked'}")
+        entries = planned_entries(config, instruction, dataset_size=m)
         ledger = client.ledger
-        if target > 0 and ledger.would_exceed([entry], target * (1 + 1e-9), delta, "hu-thm1"):
+        if target > 0 and ledger.would_exceed(entries, target * (1 + 1e-9), delta, "hu-thm1"):
             spent = ledger.epsilon(delta, "hu-thm1")
             raise BudgetExhausted(
-                f"refused: round {server_round} (rho = {rho:.4g}) would take epsilon from {spent:.4f} past "
-                f"hu-epsilon = {target} at delta {delta:g} (hu-thm1)")
-        charge(ledger, config, [entry])  # the generic target-epsilon too; records before training
+                f"refused: round {server_round} (rho = {entries[0].params['rho']:.4g}) would take epsilon from "
+                f"{spent:.4f} past target-epsilon = {target} at delta {delta:g} (hu-thm1)")
+        charge(ledger, config, entries)  # the run's accountant too; records before training
     elif target > 0:  # sigma = 0 would release the update without any guarantee
-        raise BudgetExhausted("refused: the run has a privacy budget (hu-epsilon) but the server sent sigma = 0")
+        raise BudgetExhausted("refused: the run has a privacy budget (target-epsilon) but the server sent sigma = 0")
 
     load_arrays(client.model, content[ARRAYS])
     loss = hu_train(client.model, client.x, client.y, steps=tau, batch_size=gamma, clip=clip, sigma=sigma,

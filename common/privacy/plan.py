@@ -34,6 +34,10 @@ def planned_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],
     `dataset_size` |D_i| (the client's own training-set size; the server passes
     the size the client enrolled with) is needed by the Upcycled-FL mechanisms,
     whose sensitivity and epsilon depend on it."""
+    if config["strategy"] == "dpfedavg-hu":  # Hu et al.'s own mechanism (privacy must be "none")
+        from common.privacy.hu import hu_entries
+
+        return hu_entries(config, instruction, _required_size(config, instruction, dataset_size))
     if config["privacy"] == "none":
         return []
     if config["privacy"] in ("output", "objective"):
@@ -59,13 +63,23 @@ def prox_mu(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> float:
     return float(instruction.get("proximal-mu", config["prox-mu"]))
 
 
-def upcycled_private_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],
-                             dataset_size: int | None) -> list[LedgerEntry]:
+def _required_size(config: Mapping[str, Any], instruction: Mapping[str, Any], dataset_size: int | None) -> int:
     if dataset_size is None:
         dataset_size = instruction.get("dataset-size")
     if dataset_size is None or int(dataset_size) <= 0:
-        raise ValueError(f"privacy = {config['privacy']!r} needs the client's dataset size |D_i| > 0; got "
+        raise ValueError(f"the privacy plan of this run needs the client's dataset size |D_i| > 0; got "
                          f"{dataset_size!r}")
+    return int(dataset_size)
+
+
+def is_private(config: Mapping[str, Any]) -> bool:
+    """Whether the run's clients spend privacy (and the server reports epsilon)."""
+    return config["privacy"] != "none" or config["strategy"] == "dpfedavg-hu"
+
+
+def upcycled_private_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],
+                             dataset_size: int | None) -> list[LedgerEntry]:
+    dataset_size = _required_size(config, instruction, dataset_size)
     server_round = int(instruction["server-round"])
     train_round = int(instruction.get("train-round", server_round))
     if config["privacy"] == "output":

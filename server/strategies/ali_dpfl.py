@@ -148,6 +148,16 @@ class AliDpfl(FedAvg):
                                                            for m in good])
         return self.secant.update(self._w_start, arrays_to_vector(arrays), self._tau, weights)
 
+    def state_dict(self) -> dict:
+        """Checkpoint state (server/checkpoint.py): the plain attributes plus the secant's last round."""
+        return {**super().state_dict(), "secant_prev": self.secant._prev}
+
+    def load_state_dict(self, state: dict) -> None:
+        state = dict(state)
+        prev = state.pop("secant_prev", None)
+        super().load_state_dict(state)
+        self.secant._prev = None if prev is None else (prev[0], prev[1], float(prev[2]))
+
     def extra_round_metrics(self) -> dict:
         """tau of the round, mu estimates and the next tau* (added to metrics.jsonl by the runner)."""
         return dict(self._row)

@@ -9,8 +9,8 @@ devices per round, sigma calibrated from a target epsilon, a privacy mirror.
   paper's (1/r) sum_i theta_i: every device holds the same m, so the weights
   are equal). Under secure aggregation (`secure-aggregation = true`) the
   strategy is unchanged; the grid hands it the masked sum's mean.
-* sigma: `hu-sigma` when `hu-epsilon` = 0; otherwise calibrated so that every
-  device ends at most at (hu-epsilon, hu-delta) after its C_i participations
+* sigma: `hu-sigma` when `target-epsilon` = 0; otherwise calibrated so that every
+  device ends at most at (target-epsilon, target-delta) after its C_i participations
   under `hu-accountant` (client/updates/hu_dpsgd.py has the formulas):
   sigma = max_i sqrt(C_i K_i / rho*), K_i the per-participation coefficient
   of device i (its m_i), rho* = (sqrt(log 1/delta + eps) - sqrt(log 1/delta))^2.
@@ -19,7 +19,7 @@ devices per round, sigma calibrated from a target epsilon, a privacy mirror.
   aggregation": r = 1). The DP-DSGD baseline is this strategy with
   hu-local-steps = 1 and hu-accountant = 'paper-dsgd'.
 * Every instruction carries hu-sigma, hu-local-steps, hu-clip and
-  hu-accountant; clients check their own ledger against hu-epsilon.
+  hu-accountant; clients check their own ledger against target-epsilon.
 * The mirror: the server's account of each device's epsilon after each round
   (from the sampled devices, whether or not their reply arrived: a dropped
   device may still have trained), reported as train metrics `epsilon` (the
@@ -57,13 +57,13 @@ class DpFedAvgHu(FedAvg):
         self.tau = int(config["hu-local-steps"])
         self.clip = float(config["hu-clip"])
         self.accountant = str(config["hu-accountant"])
-        self.delta = float(config["hu-delta"])
+        self.delta = float(config["target-delta"])
         self.gamma = int(config["batch-size"])
         self.num_clients = len(roster.node_of)
         self.secure = bool(config["secure-aggregation"])
         self.r = num_sampled(self.num_clients, fraction_train)
         self.schedule = participation_schedule(seed, int(config["num-rounds"]), roster.partitions, fraction_train)
-        epsilon = float(config["hu-epsilon"])
+        epsilon = float(config["target-epsilon"])
         if epsilon > 0:
             self.sigma = max(
                 calibrate_sigma(self.accountant, epsilon, self.delta, max(c, 1), **self._coefficients(p))
@@ -99,6 +99,7 @@ class DpFedAvgHu(FedAvg):
         out["hu-local-steps"] = self.tau
         out["hu-clip"] = self.clip
         out["hu-accountant"] = self.accountant
+        out["hu-clients-per-round"] = self.r if self.secure else 1  # r of the paper's /r credit
         return out
 
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,

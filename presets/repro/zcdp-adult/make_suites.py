@@ -16,32 +16,32 @@ EPSILONS = (1, 2, 4, 8, 10)
 
 COMMON = {  # Hu et al. Sec. VII: Adult, 16 devices x 3052 (80/10/10), r = 10 of n = 16, delta = 1e-4
     "strategy": "dpfedavg-hu", "dataset": "adult", "adult-split": "hu-devices", "num-clients": 16,
-    "fraction-train": 0.625, "hu-delta": 1e-4, "device": "cpu",
+    "fraction-train": 0.625, "target-delta": 1e-4, "device": "cpu",
 }
 LR = {"model": "logreg", "num-rounds": 20}
 NN = {"model": "adult-mlp", "num-rounds": 50}
 OURS_SA = {"hu-accountant": "paper", "secure-aggregation": True}
 OURS_NO_SA = {"hu-accountant": "paper", "secure-aggregation": False}
 DSGD = {"hu-accountant": "paper-dsgd", "hu-local-steps": 1, "secure-aggregation": False}
-NONPRIVATE = {"hu-clip": 0.0, "hu-sigma": 0.0, "hu-epsilon": 0.0, "secure-aggregation": False}
+NONPRIVATE = {"hu-clip": 0.0, "hu-sigma": 0.0, "target-epsilon": 0.0, "secure-aggregation": False}
 
 # family -> (fixed overrides, grid of (batch-size, hu-clip, lr))
 FAMILIES = {
-    "LR ours eps=10 tau=10": ({**LR, **OURS_SA, "hu-local-steps": 10, "hu-epsilon": 10.0},
+    "LR ours eps=10 tau=10": ({**LR, **OURS_SA, "hu-local-steps": 10, "target-epsilon": 10.0},
                               [(g, c, e) for g in (1221, 2442) for c in (0.1, 1.0) for e in (0.5, 2.0, 8.0)]
                               + [(g, 1.0, 32.0) for g in (1221, 2442)]),  # the best was at the grid's edge
-    "LR sweep eps=4 tau=2": ({**LR, **OURS_SA, "hu-local-steps": 2, "hu-epsilon": 4.0},
+    "LR sweep eps=4 tau=2": ({**LR, **OURS_SA, "hu-local-steps": 2, "target-epsilon": 4.0},
                              [(g, c, e) for g in (1221, 2442) for c in (0.1, 1.0) for e in (0.5, 2.0, 8.0)]
                              + [(g, 1.0, 32.0) for g in (1221, 2442)]),
-    "LR sweep eps=4 tau=2 gamma=64": ({**LR, **OURS_SA, "hu-local-steps": 2, "hu-epsilon": 4.0},
+    "LR sweep eps=4 tau=2 gamma=64": ({**LR, **OURS_SA, "hu-local-steps": 2, "target-epsilon": 4.0},
                                       [(64, 1.0, e) for e in (0.5, 2.0, 8.0)]),
-    "LR DP-DSGD eps=10": ({**LR, **DSGD, "hu-epsilon": 10.0},
+    "LR DP-DSGD eps=10": ({**LR, **DSGD, "target-epsilon": 10.0},
                           [(g, c, e) for g in (244, 2442) for c in (0.1, 1.0) for e in (2.0, 8.0, 32.0)]),
     "LR non-private tau=10": ({**LR, **NONPRIVATE, "hu-local-steps": 10},
                               [(g, 0.0, e) for g in (1221, 2442) for e in (0.125, 0.25, 0.5, 2.0, 8.0)]),
-    "NN ours eps=4 tau=5": ({**NN, **OURS_SA, "hu-local-steps": 5, "hu-epsilon": 4.0},
+    "NN ours eps=4 tau=5": ({**NN, **OURS_SA, "hu-local-steps": 5, "target-epsilon": 4.0},
                             [(2442, c, e) for c in (0.1, 1.0) for e in (0.5, 2.0, 8.0)]),
-    "NN DP-DSGD eps=10": ({**NN, **DSGD, "hu-epsilon": 10.0},
+    "NN DP-DSGD eps=10": ({**NN, **DSGD, "target-epsilon": 10.0},
                           [(g, c, e) for g in (244, 2442) for c in (0.1, 1.0) for e in (2.0, 8.0)]),
     "NN non-private tau=5": ({**NN, **NONPRIVATE, "hu-local-steps": 5}, [(2442, 0.0, e) for e in (0.5, 2.0, 8.0)]),
 }
@@ -122,17 +122,17 @@ def main_suite() -> str:
             "NN sweep with SA tau=5 T=50", "NN sweep without SA tau=5 T=50"]
     columns = eps_cols + ["non-private"]
     cells = [
-        ("LR ours+SA tau=10 T=20", "eps=10", {**LR, **OURS_SA, "hu-local-steps": 10, "hu-epsilon": 10.0,
+        ("LR ours+SA tau=10 T=20", "eps=10", {**LR, **OURS_SA, "hu-local-steps": 10, "target-epsilon": 10.0,
                                               **hp(*TUNED["LR ours"])},
          "Exp. B (Fig. 5): ours at (10, 1e-4)-DP, secure aggregation on, paper accountant (Thm 1 with /r)"),
-        ("LR DP-DSGD T=20", "eps=10", {**LR, **DSGD, "hu-epsilon": 10.0, **hp(*TUNED["LR DP-DSGD"])},
+        ("LR DP-DSGD T=20", "eps=10", {**LR, **DSGD, "target-epsilon": 10.0, **hp(*TUNED["LR DP-DSGD"])},
          "Exp. B (Fig. 5): the DP-DSGD baseline, tau = 1, the paper's DP-DSGD formula"),
         ("LR non-private tau=10 T=20", "non-private", {**LR, **NONPRIVATE, "hu-local-steps": 10,
                                                         **hp(*TUNED["LR non-private"])},
          "must show: ours at (10, 1e-4) within 2 points of this"),
-        ("NN ours+SA tau=5 T=50", "eps=10", {**NN, **OURS_SA, "hu-local-steps": 5, "hu-epsilon": 10.0,
+        ("NN ours+SA tau=5 T=50", "eps=10", {**NN, **OURS_SA, "hu-local-steps": 5, "target-epsilon": 10.0,
                                              **hp(*TUNED["NN ours"])}, "Exp. B (Fig. 6)"),
-        ("NN DP-DSGD T=50", "eps=10", {**NN, **DSGD, "hu-epsilon": 10.0, **hp(*TUNED["NN DP-DSGD"])},
+        ("NN DP-DSGD T=50", "eps=10", {**NN, **DSGD, "target-epsilon": 10.0, **hp(*TUNED["NN DP-DSGD"])},
          "Exp. B (Fig. 6): DP-DSGD baseline"),
         ("NN non-private tau=5 T=50", "non-private", {**NN, **NONPRIVATE, "hu-local-steps": 5,
                                                        **hp(*TUNED["NN non-private"])}, ""),
@@ -140,15 +140,15 @@ def main_suite() -> str:
     for e in EPSILONS:
         for arm, sa in (("with SA", OURS_SA), ("without SA", OURS_NO_SA)):
             cells.append((f"LR sweep {arm} tau=2 T=20", f"eps={e}",
-                          {**LR, **sa, "hu-local-steps": 2, "hu-epsilon": float(e), **hp(*TUNED["LR sweep"])},
+                          {**LR, **sa, "hu-local-steps": 2, "target-epsilon": float(e), **hp(*TUNED["LR sweep"])},
                           "Exp. C (Fig. 7)" if e == 1 else ""))
             cells.append((f"LR sweep gamma=64 {arm}", f"eps={e}",
-                          {**LR, **sa, "hu-local-steps": 2, "hu-epsilon": float(e),
+                          {**LR, **sa, "hu-local-steps": 2, "target-epsilon": float(e),
                            **hp(*TUNED["LR sweep small batch"])},
                           "Exp. C at batch 64: tau gamma / m = 0.05 epoch per round, where Thm 1's formula "
                           "undercounts (digest ambiguity 1): shows where the /r credit matters" if e == 1 else ""))
             cells.append((f"NN sweep {arm} tau=5 T=50", f"eps={e}",
-                          {**NN, **sa, "hu-local-steps": 5, "hu-epsilon": float(e), **hp(*TUNED["NN ours"])},
+                          {**NN, **sa, "hu-local-steps": 5, "target-epsilon": float(e), **hp(*TUNED["NN ours"])},
                           "Exp. C (Fig. 8)" if e == 1 else ""))
     lines = ["# Generated by make_suites.py. Hu, Guo & Gong (2021), DP-FedAvg with zCDP and secure",
              "# aggregation, on UCI Adult as the paper splits it (common/data/adult_devices.py). See README.md",
