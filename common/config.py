@@ -174,7 +174,8 @@ SCHEMA: dict[str, Key] = {
     "fedlap-server-steps": Key(100, "FedLAP: most server SGD steps per round on the union of the sets", low=1),
     "fedlap-server-batch": Key(512, "FedLAP: per-set minibatch of the server steps (sets up to this size: "
                                "full batch)", low=1),
-    "fedlap-lr-rounds": Key(0, "FedLAP: cosine learning-rate horizon E in rounds (0: num-rounds); the rate "
+    "fedlap-lr-rounds": Key(0, "FedLAP: cosine learning-rate horizon E in rounds (0: num-rounds + 1, as the "
+                            "authors' loop over rounds 1..E-1); the rate "
                             "`lr` decays over it for client model steps and server training", low=0),
     # privacy: DP-SGD, ledgers and budgets (common/privacy, client/privacy.py)
     "privacy": Key("none", "client-side DP mechanism: none, or dpsgd (Opacus DP-SGD: Poisson sampling, "

@@ -8,31 +8,18 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from common.records import recorddict_nbytes
+from server.delegating_grid import DelegatingGrid
 
 
-class MeteredGrid(Grid):
+class MeteredGrid(DelegatingGrid):
     """Delegates to `inner`; `bytes_down` / `bytes_up` count message payloads."""
 
     def __init__(self, inner: Grid):
-        self.inner = inner
+        super().__init__(inner)
         self.bytes_down = self.bytes_up = self.messages_down = 0
 
     def reset(self) -> None:
         self.bytes_down = self.bytes_up = self.messages_down = 0
-
-    # Grid interface -------------------------------------------------------
-    def set_run(self, run_id: int) -> None:
-        self.inner.set_run(run_id)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *args, **kwargs) -> Message:  # deprecated in Flower; kept for the interface
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.inner.get_node_ids()
 
     def _count_down(self, messages: list[Message]) -> None:
         self.messages_down += len(messages)

@@ -107,6 +107,7 @@ from client.secagg import (
     u64b,
     unflatten,
 )
+from server.delegating_grid import DelegatingGrid
 from common.records import NUM_EXAMPLES
 from common.secagg import EnrollRequest, ProtocolError, RoundAborted, SecAggServer
 
@@ -143,12 +144,12 @@ def unit_records_for(strategy: Any, strategy_name: str) -> tuple[str, ...]:
     return UNIT_RECORDS.get(strategy_name, ())
 
 
-class SecureAggregationGrid(Grid):
+class SecureAggregationGrid(DelegatingGrid):
     """Runs the masking protocol inside `send_and_receive` (module docstring)."""
 
     def __init__(self, inner: Grid, config: Mapping[str, Any], *, log: Callable[[str], None] = print,
                  unit_records: Iterable[str] = (), run_id: int | None = None):
-        self.inner = inner
+        super().__init__(inner)
         self.params = secagg_params(config)
         self.protocol_run = int(run_id) if run_id is not None else secrets.randbits(63)
         self.server = SecAggServer(self.protocol_run, self.params)
@@ -163,27 +164,10 @@ class SecureAggregationGrid(Grid):
         self._has_directory: set[int] = set()
         self._layout: str | None = None
 
-    # -- Grid interface: delegation ----------------------------------------------
-    def set_run(self, run_id: int) -> None:
-        self.inner.set_run(run_id)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *args, **kwargs) -> Message:  # deprecated in Flower; kept for the interface
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.inner.get_node_ids()
-
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
         self._refuse(messages, "push_messages")
         return self.inner.push_messages(messages)
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        return self.inner.pull_messages(message_ids)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
         messages = list(messages)

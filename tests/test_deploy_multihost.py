@@ -21,6 +21,10 @@ round 4 ends within round-timeout; the privacy mirror and the clients'
 ledgers continue across the restart, without double counting. A SuperNode with
 an unregistered key is refused.
 
+Slow (`pytest -m slow tests/test_deploy_multihost.py`): the same two-fault run
+with secure aggregation on; the SuperLink itself (with its SuperExec and the
+ServerApp) killed after round 1, restarted on its database, and resumed.
+
 Skipped with the reason when namespaces cannot be created (not root, no
 iproute2, a container without CAP_SYS_ADMIN).
 """
@@ -399,3 +403,34 @@ def test_secure_aggregation_restart_and_dropout(fed):
         for key in ("accuracy", "loss"):
             assert rb[key] == pytest.approx(ra[key], rel=1e-4, abs=1e-5), (rb["round"], key)
     assert b[3]["seconds"] <= 2 * ROUND_TIMEOUT + 15  # training round + reveal round, each bounded
+
+
+@pytest.mark.slow
+def test_superlink_killed_and_restarted_resumes(fed):
+    """The SuperLink itself (with its SuperExec and the ServerApp) is killed after round 1 and
+    restarted on the same database; the SuperNodes reconnect and a new `flwr run` resumes."""
+    if "node3" not in fed.procs or fed.procs["node3"].poll() is not None:
+        fed.kill_tree("node3")
+        fed.start_supernode(3)
+    cfg = run_config(**{"run-name": "mh-link"})
+    ckpt_path = fed.results / "checkpoints" / "mh-link.ckpt.npz"
+    log = open(fed.tmp / "mh-link-first.log", "w")
+    first = subprocess.Popen(fed.flwr_run_argv(cfg), cwd=ROOT, env=_env(FLWR_HOME=str(fed.cli_home)),
+                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    fed.procs["mh-link-first"] = first
+    _wait_round(fed, first, "mh-link-first", ckpt_path, 1, 400)
+    fed.kill_tree("superlink")  # SIGKILL: SuperLink, its SuperExec, the ServerApp
+    fed.kill_tree("mh-link-first")
+    fed.popen("superlink", "link", [
+        str(DEPLOY / "start-superlink.sh"), "--certs", str(fed.certs), "--host", "0.0.0.0", "--port",
+        str(PORT), "--flwr-home", str(fed.tmp / "home-link"), "--workdir", str(fed.tmp / "link-wd")])
+    deadline = time.time() + 120
+    while fed.flwr("ls").returncode != 0:  # the restarted SuperLink answers
+        assert time.time() < deadline, fed.log("superlink")[-3000:]
+        time.sleep(1)
+    r = fed.flwr_run(cfg, timeout=600)
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-4000:] + fed.log("superlink")[-2000:]
+    assert "resuming run 'mh-link'" in out and "next round 2" in out, out[-3000:]
+    assert re.search(r"round\s+4/4", out), out[-3000:]
+    assert [row["round"] for row in _rows(fed.results / "mh-link")] == [1, 2, 3, 4]

@@ -70,3 +70,13 @@ def test_presets_validate():
         assert config["strategy"] == "fedlap"
     paper = validate(load_preset(PRESETS / "fedlap-dp-paper.toml"))
     assert fedlap_accesses(paper) == 200
+
+
+def test_round_lr_follows_the_authors_cosine_and_keeps_the_last_round_positive():
+    from client.updates.fedlap import round_lr
+
+    config = validate({"strategy": "fedlap", "num-rounds": 5, "lr": 0.1})
+    rates = [round_lr(config, m) for m in range(1, 6)]
+    assert rates[0] == pytest.approx(0.1) and rates[-1] > 1e-3
+    assert all(a > b for a, b in zip(rates, rates[1:]))
+    assert round_lr(validate({"strategy": "fedlap", "fedlap-lr-rounds": 3}), 3) == pytest.approx(1e-6)

@@ -61,7 +61,9 @@ LR_KEY = "fedlap-lr"        # eta_m sent by the server (else computed here)
 
 
 def round_lr(config, server_round: int) -> float:
-    horizon = int(config["fedlap-lr-rounds"]) or int(config["num-rounds"])
+    """eta_m: `lr` on the authors' cosine over E = fedlap-lr-rounds (0: num-rounds + 1, because the
+    authors' FedLAP loop runs rounds 1..E-1, so its last round still has a positive rate)."""
+    horizon = int(config["fedlap-lr-rounds"]) or int(config["num-rounds"]) + 1
     return cosine_lr(float(config["lr"]), server_round, horizon)
 
 
