@@ -107,9 +107,9 @@ from client.secagg import (
     u64b,
     unflatten,
 )
-from server.delegating_grid import DelegatingGrid
 from common.records import NUM_EXAMPLES
 from common.secagg import EnrollRequest, ProtocolError, RoundAborted, SecAggServer
+from server.delegating_grid import DelegatingGrid
 
 # Records that enter the sum with weight 1 instead of the client's examples,
 # per strategy (a strategy object may override with `secagg_unit_records`).
