@@ -19,32 +19,18 @@ from typing import Iterable
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from server.delegating_grid import DelegatingGrid
 
-class PollingGrid(Grid):
+
+class PollingGrid(DelegatingGrid):
     """Delegates to `inner`; `send_and_receive` polls every `poll_interval` seconds."""
 
     def __init__(self, inner: Grid, poll_interval: float = 0.1):
         if poll_interval <= 0:
             raise ValueError(f"poll_interval must be > 0, got {poll_interval}")
-        self.inner, self.poll_interval = inner, float(poll_interval)
+        super().__init__(inner)
+        self.poll_interval = float(poll_interval)
         self.pulls = 0  # number of pull_messages calls (for tests and benchmarks)
-
-    # Grid interface -------------------------------------------------------
-    def set_run(self, run_id: int) -> None:
-        self.inner.set_run(run_id)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *args, **kwargs) -> Message:  # deprecated in Flower; kept for the interface
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self) -> Iterable[int]:
-        return self.inner.get_node_ids()
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        return self.inner.push_messages(messages)
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         self.pulls += 1
