@@ -27,6 +27,7 @@ usage() { awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' 
 die() { echo "netns-hosts.sh: $*" >&2; exit 2; }
 
 cmd="${1:-}"; [[ $# -gt 0 ]] && shift
+[[ "$cmd" == "-h" || "$cmd" == "--help" ]] && { usage; exit 0; }
 prefix=""; subnet=""; kill=0; hosts=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
