@@ -37,6 +37,9 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
     """Run `epochs` epochs of minibatch SGD (fresh momentum buffer) and return the mean batch loss."""
     model.train()
     params = [p for p in model.parameters() if p.requires_grad]
+    # The step writes through `.data` views: the same storage, outside autograd, so no
+    # no_grad context needs entering and leaving on each of the ~60k steps of a run.
+    weights = [p.data for p in params]
     buffers: list[torch.Tensor] | None = None  # momentum buffers, created from the first gradients
     losses: list[torch.Tensor] = []
     n = len(y)
@@ -45,18 +48,17 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
         for xb, yb in zip(x[order].split(batch_size), y[order].split(batch_size)):
             loss = F.cross_entropy(model(xb), yb)
             grads = torch.autograd.grad(loss, params, allow_unused=True)
-            with torch.no_grad():
-                if any(g is None for g in grads):
-                    buffers = _step_skipping_unused(params, grads, buffers, lr, momentum)
-                elif momentum == 0.0:
-                    torch._foreach_add_(params, grads, alpha=-lr)
+            if any(g is None for g in grads):
+                buffers = _step_skipping_unused(weights, grads, buffers, lr, momentum)
+            elif momentum == 0.0:
+                torch._foreach_add_(weights, grads, alpha=-lr)
+            else:
+                if buffers is None:
+                    buffers = [torch.clone(g).detach() for g in grads]  # torch.optim.SGD's first step
                 else:
-                    if buffers is None:
-                        buffers = [torch.clone(g).detach() for g in grads]  # torch.optim.SGD's first step
-                    else:
-                        torch._foreach_mul_(buffers, momentum)
-                        torch._foreach_add_(buffers, grads)
-                    torch._foreach_add_(params, buffers, alpha=-lr)
+                    torch._foreach_mul_(buffers, momentum)
+                    torch._foreach_add_(buffers, grads)
+                torch._foreach_add_(weights, buffers, alpha=-lr)
             losses.append(loss.detach())
     if not losses:
         return 0.0
