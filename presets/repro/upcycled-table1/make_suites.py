@@ -10,7 +10,11 @@ Hyperparameters and how they were chosen: docs/upcycled-hyperparameters.md.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # presets/repro: the shared TOML helper
+from suite_toml import inline, toml_value  # noqa: E402
 
 REPRO = Path(__file__).resolve().parents[1]
 
@@ -87,17 +91,6 @@ TABLE3 = {
 }
 PAPER_COLUMN_ORDER = ["Syn(iid)", "Syn(0,0)", "Syn(0.5,0.5)", "Syn(1,1)"]
 
-
-def toml_value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return f'"{v}"'
-    return repr(v)
-
-
-def inline(d: dict) -> str:
-    return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in d.items()) + " }"
 
 
 def cell(row: str, column: str, overrides: dict, paper=None, note: str = "") -> str:

@@ -9,7 +9,11 @@ in from `tuning/`'s report: `python presets/repro/zcdp-adult/pick_hyperparameter
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # presets/repro: the shared TOML helper
+from suite_toml import inline, toml_value as value  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 EPSILONS = (1, 2, 4, 8, 10)
@@ -61,17 +65,6 @@ TUNED = {
     "NN non-private": (2442, 0.0, 0.5),
 }
 
-
-def value(v) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, str):
-        return f'"{v}"'
-    return repr(v)
-
-
-def inline(d: dict) -> str:
-    return "{ " + ", ".join(f"{k} = {value(v)}" for k, v in d.items()) + " }"
 
 
 def hp(g, c, e) -> dict:
