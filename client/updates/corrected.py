@@ -20,6 +20,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from client.updates.sgd import momentum_step
 from common.seeding import torch_generator
 
 Correction = Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None]
@@ -50,7 +51,7 @@ def train_corrected(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     named = dict(model.named_parameters())
     params = [named[name] for name in names]
-    buffers: list[torch.Tensor | None] = [None] * len(params)
+    buffers: list[torch.Tensor | None] | None = None
     losses: list[torch.Tensor] = []
     linear = linear_term.get()
     n = len(y)
@@ -68,15 +69,7 @@ def train_corrected(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                         g.add_(linear[name])
                 if max_grad_norm > 0:
                     clip_by_total_norm(list(grads.values()), max_grad_norm)
-                for i, (name, p) in enumerate(zip(names, params)):
-                    g = grads[name]
-                    if momentum != 0.0:
-                        if buffers[i] is None:
-                            buffers[i] = torch.clone(g).detach()
-                        else:
-                            buffers[i].mul_(momentum).add_(g)
-                        g = buffers[i]
-                    p.add_(g, alpha=-lr)
+                buffers = momentum_step(params, [grads[name] for name in names], buffers, lr, momentum)
             losses.append(loss.detach())
     if not losses:
         return 0.0, 0

@@ -49,7 +49,7 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
             loss = F.cross_entropy(model(xb), yb)
             grads = torch.autograd.grad(loss, params, allow_unused=True)
             if any(g is None for g in grads):
-                buffers = _step_skipping_unused(weights, grads, buffers, lr, momentum)
+                buffers = momentum_step(weights, grads, buffers, lr, momentum)
             elif momentum == 0.0:
                 torch._foreach_add_(weights, grads, alpha=-lr)
             else:
@@ -65,8 +65,9 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
     return sum(torch.stack(losses).tolist()) / len(losses)  # the same float sum as per-step .item()
 
 
-def _step_skipping_unused(params, grads, buffers, lr, momentum):
-    """The per-tensor step for a batch where some parameter got no gradient (torch.optim skips it)."""
+def momentum_step(params, grads, buffers, lr, momentum):
+    """torch.optim.SGD(lr, momentum)'s step, tensor by tensor; a None gradient is skipped as torch.optim
+    does. Returns the momentum buffers (created from the first gradients)."""
     if momentum != 0.0 and buffers is None:
         buffers = [None] * len(params)
     for i, (p, g) in enumerate(zip(params, grads)):
