@@ -1,5 +1,5 @@
 """DP-FedAvg with zCDP of Hu, Guo & Gong (2021), the server: FedAvg over r of n
-devices per round, sigma calibrated from a target epsilon, a privacy mirror.
+devices per round, sigma calibrated from a target epsilon.
 
 * Sampling: r = max(floor(fraction-train * n), 1) devices per round, uniformly
   without replacement, from (seed, round) (`server/sampling.py`), as
@@ -11,7 +11,7 @@ devices per round, sigma calibrated from a target epsilon, a privacy mirror.
   strategy is unchanged; the grid hands it the masked sum's mean.
 * sigma: `hu-sigma` when `target-epsilon` = 0; otherwise calibrated so that every
   device ends at most at (target-epsilon, target-delta) after its C_i participations
-  under `hu-accountant` (client/updates/hu_dpsgd.py has the formulas):
+  under `hu-accountant` (common/privacy/hu.py has the formulas):
   sigma = max_i sqrt(C_i K_i / rho*), K_i the per-participation coefficient
   of device i (its m_i), rho* = (sqrt(log 1/delta + eps) - sqrt(log 1/delta))^2.
   The `paper` accountant's secure-aggregation credit r is taken only when
@@ -20,23 +20,20 @@ devices per round, sigma calibrated from a target epsilon, a privacy mirror.
   hu-local-steps = 1 and hu-accountant = 'paper-dsgd'.
 * Every instruction carries hu-sigma, hu-local-steps, hu-clip and
   hu-accountant; clients check their own ledger against target-epsilon.
-* The mirror: the server's account of each device's epsilon after each round
-  (from the sampled devices, whether or not their reply arrived: a dropped
-  device may still have trained), reported as train metrics `epsilon` (the
-  largest over devices) and `participations`, and logged.
+* Epsilon per round is reported by the runner's privacy mirror like every
+  other mechanism's (`common/privacy/plan.py` -> `common/privacy/hu.py`:
+  one zCDP entry per instruction sent and not refused).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
+from flwr.app import ConfigRecord
 
-from client.updates.hu_dpsgd import calibrate_sigma, round_rho
 from common.config import RunConfig
 from common.privacy.accounting import zcdp_epsilon
+from common.privacy.hu import calibrate_sigma, round_rho
 from server.roster import Roster
 from server.sampling import num_sampled, sample_partitions
 from server.strategies.fedavg import FedAvg
@@ -70,8 +67,6 @@ class DpFedAvgHu(FedAvg):
                 for p, c in self.schedule.items())
         else:
             self.sigma = float(config["hu-sigma"])
-        self.rho: dict[int, float] = {p: 0.0 for p in roster.partitions}
-        self._sampled: list[int] = []
         planned = self.planned_epsilon()
         log(f"DP-FedAvg (Hu et al.): r = {self.r} of n = {self.num_clients}, tau = {self.tau}, G = {self.clip:g}, "
             f"gamma = {self.gamma}, sigma = {self.sigma:.6g} ({self.accountant} accountant"
@@ -101,22 +96,3 @@ class DpFedAvgHu(FedAvg):
         out["hu-accountant"] = self.accountant
         out["hu-clients-per-round"] = self.r if self.secure else 1  # r of the paper's /r credit
         return out
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        messages = list(super().configure_train(server_round, arrays, config, grid))
-        self._sampled = [self._partition_of[m.metadata.dst_node_id] for m in messages]
-        return messages
-
-    def aggregate_train(self, server_round: int,
-                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        arrays, metrics = super().aggregate_train(server_round, replies)
-        for p in self._sampled:
-            self.rho[p] += self.round_rho(p)
-        spent = max(zcdp_epsilon(rho, self.delta) if rho > 0 else 0.0 for rho in self.rho.values())
-        metrics = MetricRecord(dict(metrics or {}))
-        metrics["epsilon"] = float(spent) if math.isfinite(spent) else -1.0
-        metrics["participations"] = max(int(round(v / self.round_rho(p))) if self.sigma > 0 else 0
-                                         for p, v in self.rho.items())
-        self.log(f"round {server_round}: epsilon spent (largest device) {spent:.4f} at delta {self.delta:g}")
-        return arrays, metrics
