@@ -132,3 +132,17 @@ def test_pfedme_keeps_the_personal_model_and_reports_its_accuracy(client):
     assert 0.0 <= metrics["personal-accuracy"] <= 1.0 and metrics["test-examples"] == len(c.y_test) > 0
     personal, local = arrays_to_state_dict(state[PFEDME_STATE]), arrays_to_state_dict(reply[ARRAYS])
     assert any(not torch.equal(personal[k], local[k]) for k in personal)
+
+
+def test_pfedme_personal_step_is_the_papers_update():
+    from client.updates.pfedme import personal_step
+
+    gen = torch.Generator().manual_seed(0)
+    thetas = [torch.randn(3, 4, generator=gen), torch.randn(4, generator=gen)]
+    ws = [torch.randn(3, 4, generator=gen), torch.randn(4, generator=gen)]
+    grads = [torch.randn(3, 4, generator=gen), None]  # a parameter without gradient still gets the prox terms
+    lr, lam, mu = 0.05, 15.0, 1e-3
+    expected = [t - lr * ((g if g is not None else 0) + lam * (t - w) + mu * t) for t, w, g in zip(thetas, ws, grads)]
+    personal_step(thetas, grads, ws, lr, lam, mu)
+    for got, want in zip(thetas, expected):
+        torch.testing.assert_close(got, want)
