@@ -10,10 +10,10 @@ Hyperparameters and how they were chosen: docs/upcycled-hyperparameters.md.
 
 from __future__ import annotations
 
-import sys
 import argparse
 import csv
 import json
+import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # presets/repro: the shared TOML helper
@@ -66,22 +66,23 @@ def search_key(row: str, column: str) -> str:
     return f"{row} {column}"
 
 
+def searched(search: dict, stage: str, key: str, column: str, fallback: float,
+             fallback_source: str) -> tuple[float, str]:
+    """(value, where it comes from): the recorded search choice, or `fallback` before one exists."""
+    picked = search[stage].get(search_key(key, column))
+    return (fallback, fallback_source) if picked is None else (picked["choice"], "search")
+
+
 def chosen_lr(strategy: str, column: str, search: dict) -> tuple[float, str]:
     if strategy in LR_FROM_AUTHORS:
         return AUTHORS[strategy][column][0], "authors"
-    picked = search["lr"].get(search_key(strategy, column))
-    if picked is None:
-        return AUTHORS["fedavg"][column][0], "transfer, not searched"
-    return picked["choice"], "search"
+    return searched(search, "lr", strategy, column, AUTHORS["fedavg"][column][0], "transfer, not searched")
 
 
 def hyperparameters(strategy: str, column: str, search: dict) -> tuple[float, float, str]:
     lr, lr_source = chosen_lr(strategy, column, search)
-    picked = search["theta"].get(search_key(strategy, column))
-    if picked is not None:
-        theta, theta_source = picked["choice"], "search"
-    else:
-        theta, theta_source = AUTHORS.get(strategy, AUTHORS["fedavg"])[column][1], "not searched"
+    theta, theta_source = searched(search, "theta", strategy, column,
+                                   AUTHORS.get(strategy, AUTHORS["fedavg"])[column][1], "not searched")
     return lr, theta, f"lr: {lr_source}; theta: {theta_source}"
 
 
@@ -169,9 +170,9 @@ stragglers = {stragglers}
 
 
 # Privacy (digest Sec. 3, README recipes): all 30 clients every round, no stragglers, 80 total rounds each
-# (vanilla: 80 leaking rounds; Upcycled: 40), tau = 10. Output perturbation: FedAvg, sigma 1.0 vs 0.8, the
-# authors' lr/theta for output perturbation. Objective perturbation: FedProx mu = 0.5 (Fig. 4), alpha 10 vs 20,
-# the authors' lr/theta for objective perturbation.
+# (vanilla: 80 leaking rounds; Upcycled: 40), tau = 10. Output perturbation: FedAvg, sigma 1.0 vs 0.8.
+# Objective perturbation: FedProx mu = 0.5 (Fig. 4), alpha 10 vs 20. The tables below are the authors'
+# (lr, theta) for FedAvg under each mechanism.
 # The lr are the authors'; theta is searched like the tables' (same seed and grid), on the Upcycled run.
 OUTPUT_HP = {"Syn(iid)": (1e-1, 0.3), "Syn(0.5,0.5)": (7e-2, 0.3), "Syn(0,0)": (3e-2, 0.5), "Syn(1,1)": (1e-2, 0.1)}
 OBJECTIVE_HP = {"Syn(iid)": (1e-2, 0.9), "Syn(0.5,0.5)": (1e-3, 0.7), "Syn(0,0)": (1e-3, 0.9), "Syn(1,1)": (1e-3, 0.3)}
@@ -194,11 +195,8 @@ def private_cells(column: str) -> dict[str, tuple[dict, dict, str]]:
 
 
 def private_theta(mechanism: str, column: str, search: dict) -> tuple[float, str]:
-    picked = search["theta"].get(search_key(mechanism, column))
-    if picked is not None:
-        return picked["choice"], "search"
     hp = OUTPUT_HP if mechanism == "output" else OBJECTIVE_HP
-    return hp[column][1], "authors, not searched"
+    return searched(search, "theta", mechanism, column, hp[column][1], "authors, not searched")
 
 
 def privacy_suite(search: dict) -> str:
