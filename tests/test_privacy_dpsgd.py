@@ -34,7 +34,7 @@ def _per_sample_clipped_sum(model, x, y, clip):
     return total
 
 
-@pytest.mark.parametrize("mode", ["hooks", "functorch", "ew"])
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "ew", "ghost"])
 def test_step_is_clipped_sum_over_expected_batch_size(mode):
     torch.manual_seed(0)
     x, y = _data()
@@ -49,12 +49,13 @@ def test_step_is_clipped_sum_over_expected_batch_size(mode):
         assert torch.allclose(p.detach(), r - lr * s / (q * n), atol=1e-6)
 
 
-def test_empty_batch_takes_a_noise_only_step():
+@pytest.mark.parametrize("mode", ["hooks", "ghost"])
+def test_empty_batch_takes_a_noise_only_step(mode):
     model = build_model("logreg", (60,), 10)  # 610 parameters
     ref = torch.cat([p.detach().flatten().clone() for p in model.parameters()])
     gen = torch.Generator().manual_seed(1)
     with DpSgd(model, dataset_size=100, sample_rate=0.1, max_grad_norm=2.0, noise_multiplier=1.5, lr=1.0,
-               noise_generator=gen) as trainer:
+               noise_generator=gen, grad_sample_mode=mode) as trainer:
         assert trainer.step(torch.zeros(0, 60), torch.zeros(0, dtype=torch.long)) is None
     moved = torch.cat([p.detach().flatten() for p in model.parameters()]) - ref
     # update = -(N(0, (sigma C)^2)) / (q |D|): std 1.5 * 2 / 10 = 0.3
@@ -148,3 +149,30 @@ def test_incompatible_model_is_refused_with_a_clear_error():
     assert not any(isinstance(m, nn.BatchNorm1d) for m in fixed.modules())
     assert dpsgd_train(fixed, x, y, steps=1, sample_rate=0.5, max_grad_norm=1.0, noise_multiplier=1.0,
                        lr=0.1, seed=0).steps == 1
+
+
+def test_ghost_clipping_equals_hooks_with_noise_and_cleans_up():
+    """Same generator, same step: ghost clipping draws the same noise and returns the same model."""
+    x, y = _data(n=64, d=10, k=2)
+    models = []
+    for mode in ("hooks", "ghost"):
+        torch.manual_seed(3)
+        model = nn.Sequential(nn.Linear(10, 8), nn.ReLU(), nn.Linear(8, 2))
+        with DpSgd(model, dataset_size=64, sample_rate=1.0, max_grad_norm=0.3, noise_multiplier=0.7, lr=0.5,
+                   momentum=0.5, grad_sample_mode=mode, noise_generator=torch.Generator().manual_seed(5)) as t:
+            losses = [t.step(x[i:i + 32], y[i:i + 32]) for i in (0, 32, 0)]
+        models.append((losses, [p.detach().clone() for p in model.parameters()]))
+        for p in model.parameters():
+            assert p.grad is None and not hasattr(p, "_norm_sample") and not hasattr(p, "grad_sample")
+        for m in model.modules():
+            assert not m._forward_hooks and not m._backward_hooks
+    (l_hooks, w_hooks), (l_ghost, w_ghost) = models
+    assert l_ghost == pytest.approx(l_hooks, rel=1e-6)
+    for a, b in zip(w_hooks, w_ghost):
+        assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_ghost_clipping_refuses_a_custom_loss():
+    with pytest.raises(ValueError, match="ghost"):
+        DpSgd(nn.Linear(3, 2), dataset_size=10, sample_rate=0.5, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1,
+              grad_sample_mode="ghost", loss_fn=lambda out, y: out.sum())

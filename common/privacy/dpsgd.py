@@ -8,6 +8,10 @@ sampled Gaussian mechanism):
    sampling). B may be empty.
 2. Per-sample gradients g_i (Opacus `GradSampleModule`, mode `hooks`,
    `functorch` or `ew`), each clipped to L2 norm C over all parameters together.
+   Mode `ghost` (Opacus' ghost clipping) computes only the per-sample norms and
+   then the clipped sum by a second, reweighted backward pass, never
+   materialising the per-sample gradients: the same step, much faster for
+   large batches of small linear/ReLU models (Hu et al.'s full-batch MLP).
 3. g = (sum_i clip(g_i) + N(0, sigma^2 C^2 I)) / (q |D|): Opacus `DPOptimizer`
    with `expected_batch_size = q |D|`. We divide by the *expected* batch size,
    not the realised |B|: the divisor is then data-independent, so the step is
@@ -32,13 +36,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from opacus.grad_sample import GradSampleModule, GradSampleModuleExpandedWeights
-from opacus.optimizers import DPOptimizer
+from opacus.grad_sample import GradSampleModule, GradSampleModuleExpandedWeights, GradSampleModuleFastGradientClipping
+from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 from opacus.utils.uniform_sampler import UniformWithReplacementSampler
 from opacus.validators import ModuleValidator
 from torch import nn
 
-GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew")
+GRAD_SAMPLE_MODES = ("hooks", "functorch", "ew", "ghost")
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Regularizer = Callable[[nn.Module], torch.Tensor]
@@ -116,15 +121,24 @@ class DpSgd:
         self.regularizer = regularizer
         self._was_training = model.training
         self.params = [p for p in model.parameters() if p.requires_grad]
-        if grad_sample_mode == "ew":
-            self.gsm = GradSampleModuleExpandedWeights(model, batch_first=True, loss_reduction="mean")
-        else:
-            self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=True,
-                                        force_functorch=grad_sample_mode == "functorch")
         sgd = torch.optim.SGD(self.params, lr=lr, momentum=momentum, weight_decay=weight_decay)
-        self.optimizer = DPOptimizer(sgd, noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
-                                     expected_batch_size=self.expected_batch_size, loss_reduction="mean",
-                                     generator=noise_generator)
+        dp_args = dict(noise_multiplier=noise_multiplier, max_grad_norm=max_grad_norm,
+                       expected_batch_size=self.expected_batch_size, loss_reduction="mean", generator=noise_generator)
+        self._ghost_loss = None
+        if grad_sample_mode == "ghost":
+            if loss_fn is not None:
+                raise ValueError("grad_sample_mode 'ghost' supports the default cross-entropy loss only")
+            self.gsm = GradSampleModuleFastGradientClipping(model, batch_first=True, loss_reduction="mean",
+                                                            max_grad_norm=max_grad_norm, use_ghost_clipping=True)
+            self.optimizer = DPOptimizerFastGradientClipping(sgd, **dp_args)
+            self._ghost_loss = DPLossFastGradientClipping(self.gsm, self.optimizer, nn.CrossEntropyLoss())
+        else:
+            if grad_sample_mode == "ew":
+                self.gsm = GradSampleModuleExpandedWeights(model, batch_first=True, loss_reduction="mean")
+            else:
+                self.gsm = GradSampleModule(model, batch_first=True, loss_reduction="mean", strict=True,
+                                            force_functorch=grad_sample_mode == "functorch")
+            self.optimizer = DPOptimizer(sgd, **dp_args)
         self._closed = False
         model.train()
 
@@ -135,14 +149,17 @@ class DpSgd:
         self.optimizer.zero_grad(set_to_none=True)
         loss_value: float | None = None
         if len(xb) == 0:
-            for p in self.params:  # no samples: clip_and_accumulate sums nothing, add_noise adds noise
-                p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+            for p in self.params:  # no samples: the clipped sum is zero, add_noise adds noise
+                if self._ghost_loss is None:
+                    p.grad_sample = torch.zeros((0, *p.shape), dtype=p.dtype, device=p.device)
+                else:
+                    p.grad = torch.zeros_like(p)
         else:
             with warnings.catch_warnings():
                 # Opacus' hooks on a first layer whose input needs no gradient: harmless.
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
-                loss = self.loss_fn(self.gsm(xb), yb)
-                loss.backward()
+                loss = (self._ghost_loss or self.loss_fn)(self.gsm(xb), yb)
+                loss.backward()  # ghost: two passes, p.grad = the clipped sum
             loss_value = float(loss.detach())
         if self.optimizer.pre_step():  # clip, sum, noise, divide by q|D|
             if self.regularizer is not None:
@@ -161,7 +178,7 @@ class DpSgd:
         self.optimizer.zero_grad(set_to_none=True)
         self.gsm.cleanup()  # removes hooks and grad_sample / _forward_counter / ...
         for p in self.model.parameters():
-            for attr in ("summed_grad", "grad_sample", "_forward_counter", "_current_grad_sample"):
+            for attr in ("summed_grad", "grad_sample", "_forward_counter", "_current_grad_sample", "_norm_sample"):
                 if hasattr(p, attr):
                     delattr(p, attr)
             p.grad = None

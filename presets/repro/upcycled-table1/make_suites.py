@@ -32,17 +32,14 @@ BASES = {  # row label -> strategy
     "FedDyn": "feddyn", "pFedMe": "pfedme", "FedYogi": "fedyogi",
 }
 
-# (lr, theta) per base and column. "authors": the lr/theta of the authors' code comments (digest Sec. 4,
-# non-private), for the bases whose lr we keep (LR_FROM_AUTHORS); everything else comes from the search
-# below, recorded in search.json ("search"). Before a search has been recorded, FedAvg's values stand in
-# ("transfer, not searched").
+# (lr, theta) per base and column from the authors' code comments (digest Sec. 4, non-private). They are
+# only the fallback before a search has been recorded: every lr and theta comes from the search below,
+# recorded in search.json ("search"). The authors tuned them for their double-softmax model, not for our
+# logits model. Bases without authors' values fall back to FedAvg's ("transfer, not searched").
 AUTHORS = {
     "fedavg": {"Syn(iid)": (1e-1, 0.9), "Syn(0.5,0.5)": (5e-3, 0.7), "Syn(0,0)": (1e-1, 0.3), "Syn(1,1)": (5e-3, 0.9)},
     "fedavgm": {"Syn(iid)": (1e-1, 0.5), "Syn(0.5,0.5)": (5e-3, 0.5), "Syn(0,0)": (1e-2, 0.5), "Syn(1,1)": (5e-3, 0.3)},
 }
-# FedAvg's lr anchors the comparison with the paper's numbers, and FedAvgM's is the authors' too. FedDyn's
-# authors' values belong to their FL-bench variant (a different local objective), so FedDyn is searched.
-LR_FROM_AUTHORS = ("fedavg", "fedavgm")
 
 # The search (docs/upcycled-hyperparameters.md): Table 1 setting (90% stragglers), one seed that is not a
 # reported seed, so no reported run chose its own hyperparameters. Stage 1: lr by the vanilla run's final
@@ -73,16 +70,21 @@ def searched(search: dict, stage: str, key: str, column: str, fallback: float,
     return (fallback, fallback_source) if picked is None else (picked["choice"], "search")
 
 
+def authors(strategy: str, column: str) -> tuple[tuple[float, float], str]:
+    if strategy in AUTHORS:
+        return AUTHORS[strategy][column], "authors, not searched"
+    return AUTHORS["fedavg"][column], "transfer, not searched"
+
+
 def chosen_lr(strategy: str, column: str, search: dict) -> tuple[float, str]:
-    if strategy in LR_FROM_AUTHORS:
-        return AUTHORS[strategy][column][0], "authors"
-    return searched(search, "lr", strategy, column, AUTHORS["fedavg"][column][0], "transfer, not searched")
+    (lr, _), source = authors(strategy, column)
+    return searched(search, "lr", strategy, column, lr, source)
 
 
 def hyperparameters(strategy: str, column: str, search: dict) -> tuple[float, float, str]:
     lr, lr_source = chosen_lr(strategy, column, search)
-    theta, theta_source = searched(search, "theta", strategy, column,
-                                   AUTHORS.get(strategy, AUTHORS["fedavg"])[column][1], "not searched")
+    (_, theta), source = authors(strategy, column)
+    theta, theta_source = searched(search, "theta", strategy, column, theta, source)
     return lr, theta, f"lr: {lr_source}; theta: {theta_source}"
 
 
@@ -265,8 +267,6 @@ def lr_search_suite() -> str:
     cells = []
     for column in PAPER_COLUMN_ORDER:
         for row, strategy in BASES.items():
-            if strategy in LR_FROM_AUTHORS:
-                continue
             for lr in lr_grid(strategy):
                 cells.append(cell(f"{row} lr={lr:g}", column, {"strategy": strategy, "dataset": COLUMNS[column],
                                                               "lr": lr, "num-rounds": 80, "upcycled": False}))
@@ -311,7 +311,7 @@ def select(results: Path) -> dict:
         for column in PAPER_COLUMN_ORDER:
             for row, strategy in BASES.items():
                 grid = {lr: scores.get((f"{row} lr={lr:g}", column)) for lr in lr_grid(strategy)}
-                if strategy not in LR_FROM_AUTHORS and None not in grid.values():
+                if None not in grid.values():
                     search["lr"][search_key(strategy, column)] = _pick(grid)
     theta_csv = results / "upcycled-search-theta" / "report.csv"
     if theta_csv.is_file():

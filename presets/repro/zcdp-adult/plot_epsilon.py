@@ -6,16 +6,35 @@ Reads the suite's report.csv (written by `privfed repro zcdp-adult`) and writes
 plots/accuracy_vs_epsilon.png beside it: one line per sweep row (LR and NN, with
 and without SA; mean +- std over the finished seeds), the (10, 1e-4) cells of
 Exp. B as points and the non-private rows as dashed lines. Prints the
-with-minus-without difference at every epsilon (the paper's claim is that it is
-positive everywhere).
+with-minus-without difference of the means at every epsilon (the paper's claim
+is that it is positive everywhere) and, per epsilon, on how many seeds the run
+with SA beat / tied the run without (same seed: same devices, selection,
+batches and standard-normal noise draws, only sigma differs).
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: server.report
+from server.report import slug  # noqa: E402
+
+
+def seed_accuracies(folder: Path, row: str, column: str) -> dict[str, float]:
+    """seed folder name -> final accuracy (%) of every finished run of one cell."""
+    return {f.parent.name: 100 * json.loads(f.read_text())["final"]["accuracy"]
+            for f in (folder / f"{slug(row)}__{slug(column)}").glob("s*/summary.json")}
+
+
+def paired(folder: Path, row_with: str, row_without: str, column: str) -> str:
+    a, b = seed_accuracies(folder, row_with, column), seed_accuracies(folder, row_without, column)
+    seeds = sorted(set(a) & set(b))
+    wins, ties = sum(a[s] > b[s] for s in seeds), sum(a[s] == b[s] for s in seeds)
+    return f"{wins}/{len(seeds)} seeds" + (f" ({ties} tied)" if ties else "")
 
 
 def main() -> int:
@@ -60,9 +79,11 @@ def main() -> int:
     for row, with_sa in rows.items():
         if "with SA" not in row or row.replace("with SA", "without SA") not in rows:
             continue
-        without = rows[row.replace("with SA", "without SA")]
+        row_without = row.replace("with SA", "without SA")
+        without = rows[row_without]
         diffs = {c: with_sa[c][0] - without[c][0] for c in with_sa if c in without}
-        line = ", ".join(f"{c}: {d:+.2f}" for c, d in sorted(diffs.items(), key=lambda x: float(x[0][4:])))
+        line = ", ".join(f"{c}: {d:+.2f} [{paired(folder, row, row_without, c)}]"
+                         for c, d in sorted(diffs.items(), key=lambda x: float(x[0][4:])))
         verdict = "beats" if diffs and all(d > 0 for d in diffs.values()) else "does NOT beat"
         print(f"{row.replace('with SA', '').strip()}: with SA minus without (points): {line}  -> with SA {verdict} "
               "without at every epsilon")
