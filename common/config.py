@@ -304,6 +304,11 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
     return RunConfig(values)
 
 
+# Strategies that privacy = "dpsgd" supports: the DP-SGD rule replaces plain SGD (the FedAvg family) and
+# adds FedProx's proximal term; ALI-DPFL and FedLAP run DP-SGD inside their own rules.
+DPSGD_STRATEGIES = ("fedavg", "fedavgm", "fedyogi", "fedprox", "ali-dpfl", "fedlap")
+
+
 def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["dataset"].startswith("syn-") and v["num-clients"] != 30:
         raise ConfigError(
@@ -316,6 +321,10 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["strategy"] == "ali-dpfl" and (v["privacy"] != "dpsgd" or v["target-epsilon"] <= 0):  # ALI-DPFL
         raise ConfigError("strategy 'ali-dpfl' plans DP-SGD iterations from the budget: set privacy = 'dpsgd' "
                           "and target-epsilon > 0 (local-steps is then set by the server every round)")
+    if v["privacy"] == "dpsgd" and v["strategy"] not in DPSGD_STRATEGIES:
+        raise ConfigError(f"privacy = 'dpsgd' trains with client/updates/dpsgd.py, which has no local rule of "
+                          f"strategy {v['strategy']!r} (its correction would be dropped); use one of "
+                          f"{', '.join(DPSGD_STRATEGIES)}")
     if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] != "fedlap":
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
                           "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")

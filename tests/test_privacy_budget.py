@@ -69,3 +69,29 @@ def test_client_at_budget_refuses_and_run_ends_cleanly(tmp_path):
         ledger = PrivacyLedger.load(ledger_path(config, {}, 33, p))
         assert ledger.steps() == 2 * STEPS  # the refused round left the ledger unchanged
         assert ledger.epsilon(DELTA) <= target
+
+
+def test_dpsgd_refuses_strategies_whose_local_rule_it_would_drop():
+    for strategy in ("scaffold", "feddyn", "pfedme", "dpfedavg-hu"):
+        with pytest.raises(ConfigError, match=strategy):
+            validate({"privacy": "dpsgd", "local-steps": 5, "strategy": strategy})
+
+
+def test_dp_fedprox_keeps_the_proximal_term_at_the_same_privacy_cost(tmp_path):
+    """DP-FedProx = DP-SGD + mu (w - w_global) after the noise: the model stays nearer the global one,
+    and the ledgers (post-processing adds nothing) equal DP-FedAvg's."""
+    import numpy as np
+
+    from server.runner import initial_model
+
+    distance, epsilon = {}, {}
+    for strategy in ("fedavg", "fedprox"):
+        config = dp_config(tmp_path / strategy, **{"num-rounds": 1, "strategy": strategy, "prox-mu": 1.5})
+        results = run(config, run_id=33)
+        start = [p.detach().numpy() for p in initial_model(config).parameters()]
+        with np.load(results / "model.npz") as final:
+            end = [final[k] for k in final.files]
+        distance[strategy] = float(np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(end, start))))
+        epsilon[strategy] = json.loads((results / "metrics.jsonl").read_text().splitlines()[-1])["epsilon_max"]
+    assert distance["fedprox"] < 0.8 * distance["fedavg"]
+    assert epsilon["fedprox"] == epsilon["fedavg"] == pytest.approx(dpsgd_epsilon(Q, SIGMA, STEPS, DELTA))

@@ -153,3 +153,12 @@ def test_accuracy_at_epsilon_metric():
     assert value == 0.7 and "never reached" in note
     value, note = fn([{"round": 1, "accuracy": 0.5}], {}, 1.0)
     assert math.isnan(value) and "no epsilon" in note
+
+
+def test_every_shipped_suite_loads_and_validates():
+    """Each presets/repro suite (generated or not) parses, and every cell's run config passes the schema."""
+    names = available_suites()
+    assert {"zcdp-adult", "zcdp-adult/tuning", "ali-table2", "fedlap-table1", "upcycled-table1"} <= set(names)
+    for name in names:
+        suite = load_suite(name)
+        assert suite.cells and suite.seeds, name

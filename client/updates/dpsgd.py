@@ -1,13 +1,18 @@
-"""DP-SGD local training (FedAvg with record-level DP on every client).
+"""DP-SGD local training (DP-FedAvg, DP-FedProx: record-level DP on every client).
 
 The run's `local-steps` (or the instruction's, e.g. ALI-DPFL's tau*) DP-SGD
 steps through Opacus: Poisson sampling at `dp-sample-rate`, clipping to
 `dp-clip`, noise multiplier `dp-noise-multiplier`. The ledger is charged
 before training, so a crash can only over-count, never under-count.
+
+DP-FedProx (strategy `fedprox`): the proximal term mu/2 ||w - w_global||^2
+depends on no record, so its gradient mu (w - w_global) is added after the
+noise (post-processing, `DpSgd`'s regularizer): the privacy cost is DP-SGD's.
 """
 
 from __future__ import annotations
 
+import torch
 from flwr.app import MetricRecord, RecordDict
 
 from client.privacy import charge
@@ -27,7 +32,7 @@ def dpsgd_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
         client.model, client.x, client.y, steps=local_steps(config, instruction),
         sample_rate=float(config["dp-sample-rate"]), max_grad_norm=float(config["dp-clip"]),
         noise_multiplier=float(config["dp-noise-multiplier"]), lr=float(config["lr"]),
-        momentum=float(config["momentum"]), seed=seed,
+        momentum=float(config["momentum"]), seed=seed, regularizer=proximal_term(client, config, instruction),
     )
     delta = float(config["target-delta"])
     metrics = MetricRecord({
@@ -35,3 +40,15 @@ def dpsgd_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
         "epsilon": client.ledger.epsilon(delta, accountant=str(config["accountant"])),
     })
     return RecordDict({ARRAYS: model_to_arrays(client.model), METRICS: metrics})
+
+
+def proximal_term(client, config, instruction):
+    """FedProx's mu/2 ||w - w_global||^2 on the received model (None for other strategies or mu = 0)."""
+    mu = float(instruction.get("proximal-mu", config["prox-mu"])) if config["strategy"] == "fedprox" else 0.0
+    if mu == 0:
+        return None
+    anchor = [p.detach().clone() for p in client.model.parameters()]
+
+    def term(model: torch.nn.Module) -> torch.Tensor:
+        return 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(model.parameters(), anchor))
+    return term
