@@ -17,7 +17,7 @@ from flwr.app import MetricRecord, RecordDict
 
 from client.privacy import charge
 from common.privacy.dpsgd import dpsgd_train
-from common.privacy.plan import local_steps, planned_entries
+from common.privacy.plan import local_steps, planned_entries, prox_mu
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
 from common.seeding import numpy_rng
 
@@ -44,7 +44,7 @@ def dpsgd_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
 
 def proximal_term(client, config, instruction):
     """FedProx's mu/2 ||w - w_global||^2 on the received model (None for other strategies or mu = 0)."""
-    mu = float(instruction.get("proximal-mu", config["prox-mu"])) if config["strategy"] == "fedprox" else 0.0
+    mu = prox_mu(config, instruction) if config["strategy"] == "fedprox" else 0.0
     if mu == 0:
         return None
     anchor = [p.detach().clone() for p in client.model.parameters()]

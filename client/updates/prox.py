@@ -9,13 +9,14 @@ from __future__ import annotations
 from flwr.app import MetricRecord, RecordDict
 
 from client.updates.corrected import local_plan, parameters_copy, train_corrected
+from common.privacy.plan import prox_mu
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
 
 
 def prox_update(client, content, state):
     config, instruction = client.config, content[CONFIG]
     load_arrays(client.model, content[ARRAYS])
-    mu = float(instruction.get("proximal-mu", config["prox-mu"]))
+    mu = prox_mu(config, instruction)
     anchor = parameters_copy(client.model)
 
     def proximal(params, grads):
