@@ -22,6 +22,7 @@ Needs the MNIST files (PRIVFED_DATA_DIR or --data-dir).
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -120,6 +121,11 @@ def main() -> None:
     s, m = paper_uplink()
     print(f"paper setting (50 ipc x 2 classes, 28x28x1 float32 + uint8 labels) vs ConvNet 317,706 float32: "
           f"{s:,} / {m:,} bytes = {s / m:.4f}x (+ 32 bytes of reply metrics)")
+    (fedlap_s, fedlap_up), (fedavg_s, fedavg_up) = results["FedLAP"], results["FedAvg"]
+    print(json.dumps({"benchmark": "fedlap_cost", "ipc": fedlap_cfg["fedlap-ipc"], "fedlap_s": round(fedlap_s, 3),
+                      "fedavg_s": round(fedavg_s, 3), "time_ratio": round(fedlap_s / fedavg_s, 3),
+                      "fedlap_uplink_bytes": fedlap_up, "fedavg_uplink_bytes": fedavg_up,
+                      "uplink_ratio": round(fedlap_up / fedavg_up, 4), "paper_set_over_model": round(s / m, 4)}))
 
 
 if __name__ == "__main__":

@@ -5,10 +5,12 @@ by the expected batch, lr * C is the effective step size, so C is tuned with
 lr = 0.5 fixed, on the *fixed-tau* DP-FedAvg baseline (tau = 2) so that every
 method of the suite shares the same C and the choice does not favour ALI-DPFL:
 MNIST, Dir(0.05), 10 clients, q = 0.015, sigma = 1.1, seed 0 (the suites use
-seeds 1-3), a short horizon of `--rounds` rounds, accuracy of the final model.
+seeds 1-3), `--rounds` rounds, accuracy of the final model. The README has
+both searches: 30 rounds, and the whole Table II horizon (`--rounds 158`:
+157 rounds of tau = 2 spend R_c = 314 at epsilon 2).
 
     PRIVFED_DATA_DIR=/work/shared/data PYTHONPATH=. python presets/repro/ali-table2/search_clip.py \
-        --clips 0.1 0.3 1 3 --rounds 40
+        --clips 0.3 0.6 1 1.5 3 5 --rounds 158 --out results/ali-clip-search-full
 """
 
 from __future__ import annotations
