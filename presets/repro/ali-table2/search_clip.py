@@ -36,16 +36,21 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--tau", type=int, default=2)
     ap.add_argument("--dataset", default="mnist")
+    ap.add_argument("--partition", default="dirichlet", help="dirichlet or iid (a diagnosis, not the search)")
+    ap.add_argument("--alpha", type=float, default=0.05, help="Dirichlet concentration")
     ap.add_argument("--out", default="results/ali-clip-search")
     args = ap.parse_args()
     for clip in args.clips:
         t0 = time.time()
-        config = validate({**BASE, "dataset": args.dataset, "dp-clip": clip, "local-steps": args.tau,
+        part = "iid" if args.partition == "iid" else f"dir{args.alpha:g}"
+        config = validate({**BASE, "dataset": args.dataset, "partition": args.partition,
+                           "dirichlet-alpha": args.alpha, "dp-clip": clip, "local-steps": args.tau,
                            "num-rounds": args.rounds, "results-dir": args.out,
-                           "run-name": f"{args.dataset}-tau{args.tau}-C{clip}"})
+                           "run-name": f"{args.dataset}-{part}-tau{args.tau}-C{clip}"})
         run_dir = run_inprocess(config)
         summary = json.loads((run_dir / "summary.json").read_text())
         print(json.dumps({"clip": clip, "tau": args.tau, "rounds": args.rounds, "dataset": args.dataset,
+                          "partition": part,
                           "final_accuracy": summary["final"]["accuracy"], "seconds": time.time() - t0}), flush=True)
 
 
