@@ -7,6 +7,7 @@ layers Opacus can compute per-sample gradients for (no BatchNorm).
 | femnist-mlp     | Upcycled-FL FEMNIST: 784-196-ReLU-Dropout(0.5)-10 | 155,830         |
 | ali-mnist-cnn   | ALI-DPFL Table V                        | 26,010                    |
 | ali-cifar-cnn   | ALI-DPFL Table VI                       | 550,570                   |
+| fedavg-cnn      | ALI-DPFL's code (PFL-Non-IID FedAvgCNN) | 582,026 (28x28x1)         |
 | convnet         | FedLAP-DP Fig. 10 (3 x conv128-GN-ReLU-avgpool) | 317,706 (1 ch), 320,010 (3 ch) |
 | adult-mlp       | Hu et al. "3-layer network with ReLU"   | d-64-32-2                 |
 
@@ -67,6 +68,26 @@ class AliMnistCnn(nn.Module):
         return self.head(self.features(x))
 
 
+class FedAvgCnn(nn.Module):
+    """The CNN of the ALI-DPFL authors' code (PFL-Non-IID's FedAvgCNN), which
+    their MNIST/FMNIST runs train instead of Table V's: [conv5x5 32, ReLU,
+    maxpool 2], [conv5x5 64, ReLU, maxpool 2], FC 512, ReLU, FC classes."""
+
+    def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10):
+        super().__init__()
+        channels, height, width = input_shape
+        self.features = nn.Sequential(
+            nn.Conv2d(channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
+        )
+        side = lambda n: ((n - 4) // 2 - 4) // 2  # two valid 5x5 convs, each followed by a 2x2 pool
+        flat = 64 * side(height) * side(width)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, num_classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
 def _vgg_block(cin: int, cout: int) -> list[nn.Module]:
     return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU(), nn.Conv2d(cout, cout, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
 
@@ -120,7 +141,7 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
         return nn.Sequential(
             nn.Flatten(), nn.Linear(flat, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, num_classes)
         )
-    if name in ("ali-mnist-cnn", "ali-cifar-cnn", "convnet", "convnet-w32"):
+    if name in ("ali-mnist-cnn", "ali-cifar-cnn", "fedavg-cnn", "convnet", "convnet-w32"):
         if len(input_shape) != 3:
             raise ValueError(f"model {name!r} needs image inputs (C, H, W); got input shape {input_shape}")
         channels, height, _ = input_shape
@@ -128,12 +149,14 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             if input_shape[1:] != (28, 28):
                 raise ValueError(f"model 'ali-mnist-cnn' needs 28x28 images; got {input_shape}")
             return AliMnistCnn(channels, num_classes)
+        if name == "fedavg-cnn":
+            return FedAvgCnn(input_shape, num_classes)
         if name == "ali-cifar-cnn":
             if input_shape[1:] != (32, 32):
                 raise ValueError(f"model 'ali-cifar-cnn' needs 32x32 images; got {input_shape}")
             return AliCifarCnn(channels, num_classes)
         return ConvNet(channels, num_classes, image_size=height, width=32 if name == "convnet-w32" else 128)
-    raise ValueError(f"unknown model {name!r}; known: logreg, femnist-mlp, ali-mnist-cnn, ali-cifar-cnn, convnet, convnet-w32, adult-mlp")
+    raise ValueError(f"unknown model {name!r}; known: logreg, femnist-mlp, ali-mnist-cnn, ali-cifar-cnn, fedavg-cnn, convnet, convnet-w32, adult-mlp")
 
 
 def resolve_model_name(model: str, dataset: str) -> str:

@@ -7,6 +7,8 @@ from common.models import build_model, num_parameters
 @pytest.mark.parametrize("name,shape,classes,expected", [
     ("ali-mnist-cnn", (1, 28, 28), 10, 26_010),
     ("ali-cifar-cnn", (3, 32, 32), 10, 550_570),
+    ("fedavg-cnn", (1, 28, 28), 10, 582_026),
+    ("fedavg-cnn", (3, 32, 32), 10, 878_538),
     ("convnet", (1, 28, 28), 10, 317_706),
     ("convnet", (3, 32, 32), 10, 320_010),
     ("femnist-mlp", (1, 28, 28), 10, 155_830),

@@ -6,6 +6,7 @@ from torch import nn
 
 from common.models import build_model
 from common.privacy.dpsgd import (
+    GRAD_SAMPLE_MODES,
     DpSgd,
     IncompatibleModelError,
     check_model,
@@ -170,6 +171,28 @@ def test_ghost_clipping_equals_hooks_with_noise_and_cleans_up():
     assert l_ghost == pytest.approx(l_hooks, rel=1e-6)
     for a, b in zip(w_hooks, w_ghost):
         assert torch.allclose(a, b, atol=1e-6)
+
+
+def test_ghost_clipping_equals_hooks_on_the_authors_cnn():
+    """The ALI-DPFL diagnosis runs fedavg-cnn (conv + max-pool + 512-wide FC) in ghost mode for speed."""
+    torch.manual_seed(0)
+    x, y = torch.randn(12, 1, 28, 28), torch.randint(0, 10, (12,))
+    init = build_model("fedavg-cnn", (1, 28, 28), 10).state_dict()
+    weights = []
+    for mode in ("hooks", "ghost"):
+        model = build_model("fedavg-cnn", (1, 28, 28), 10)
+        model.load_state_dict(init)
+        with DpSgd(model, dataset_size=40, sample_rate=0.3, max_grad_norm=0.5, noise_multiplier=1.0, lr=0.5,
+                   grad_sample_mode=mode, noise_generator=torch.Generator().manual_seed(2)) as trainer:
+            trainer.step(x, y)
+        weights.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
+    assert not torch.equal(weights[0], torch.cat([v.flatten() for v in init.values()]))
+    assert torch.allclose(weights[0], weights[1], atol=1e-5)
+
+
+def test_config_offers_every_grad_sample_mode():
+    from common.config import SCHEMA
+    assert SCHEMA["dp-grad-sample-mode"].choices == GRAD_SAMPLE_MODES
 
 
 def test_ghost_clipping_refuses_a_custom_loss():

@@ -32,7 +32,8 @@ def dpsgd_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
         client.model, client.x, client.y, steps=local_steps(config, instruction),
         sample_rate=float(config["dp-sample-rate"]), max_grad_norm=float(config["dp-clip"]),
         noise_multiplier=float(config["dp-noise-multiplier"]), lr=float(config["lr"]),
-        momentum=float(config["momentum"]), seed=seed, regularizer=proximal_term(client, config, instruction),
+        momentum=float(config["momentum"]), seed=seed, grad_sample_mode=str(config["dp-grad-sample-mode"]),
+        regularizer=proximal_term(client, config, instruction),
     )
     delta = float(config["target-delta"])
     metrics = MetricRecord({
