@@ -207,9 +207,10 @@ SCHEMA: dict[str, Key] = {
     "dp-clip": Key(1.0, "DP-SGD per-sample gradient L2 clipping norm C", low=0.0, low_open=True),
     "dp-noise-multiplier": Key(1.0, "DP-SGD noise multiplier sigma (noise std sigma*C on the summed gradient)",
                                low=0.0),
-    "dp-grad-sample-mode": Key("hooks", "how Opacus gets the clipped per-sample gradient sum: the same step "
-                               "either way; 'ghost' (ghost clipping) is several times faster for models with "
-                               "large linear layers", choices=("hooks", "functorch", "ew", "ghost")),
+    "dp-grad-sample-mode": Key("hooks", "DP-SGD clients (privacy = dpsgd): how Opacus gets the clipped "
+                               "per-sample gradient sum, the same step either way; 'ghost' (ghost clipping) "
+                               "is several times faster for models with large linear layers",
+                               choices=("hooks", "functorch", "ew", "ghost")),
     "target-epsilon": Key(0.0, "each client's privacy budget: it refuses training that would take its epsilon "
                           "past this (0: no budget; epsilon is still reported)", low=0.0),
     "target-delta": Key(1e-5, "delta of every epsilon reported and of the budget", low=0.0, high=1.0, low_open=True),

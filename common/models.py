@@ -76,16 +76,21 @@ class FedAvgCnn(nn.Module):
     def __init__(self, input_shape: tuple[int, int, int], num_classes: int = 10):
         super().__init__()
         channels, height, width = input_shape
+        if min(height, width) < 16:
+            raise ValueError(f"model 'fedavg-cnn' needs images of at least 16x16; got {input_shape}")
         self.features = nn.Sequential(
             nn.Conv2d(channels, 32, 5), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(32, 64, 5), nn.ReLU(), nn.MaxPool2d(2),
         )
-        side = lambda n: ((n - 4) // 2 - 4) // 2  # two valid 5x5 convs, each followed by a 2x2 pool
-        flat = 64 * side(height) * side(width)
+        flat = 64 * _side_after_two_conv5_pools(height) * _side_after_two_conv5_pools(width)
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(flat, 512), nn.ReLU(), nn.Linear(512, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
+
+
+def _side_after_two_conv5_pools(n: int) -> int:
+    return ((n - 4) // 2 - 4) // 2  # valid 5x5 conv (-4), 2x2 max-pool (/2), twice
 
 
 def _vgg_block(cin: int, cout: int) -> list[nn.Module]:

@@ -24,5 +24,7 @@ def test_parameter_counts_and_forward(name, shape, classes, expected):
 def test_image_model_refuses_wrong_input():
     with pytest.raises(ValueError, match="28x28"):
         build_model("ali-mnist-cnn", (3, 32, 32), 10)
+    with pytest.raises(ValueError, match="16x16"):
+        build_model("fedavg-cnn", (1, 8, 8), 10)
     with pytest.raises(ValueError, match="unknown model"):
         build_model("resnet", (3, 32, 32), 10)
