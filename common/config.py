@@ -210,7 +210,8 @@ SCHEMA: dict[str, Key] = {
     "dp-grad-sample-mode": Key("hooks", "DP-SGD clients (privacy = dpsgd): how Opacus gets the clipped "
                                "per-sample gradient sum, the same step either way; 'ghost' (ghost clipping) "
                                "is several times faster for models with large linear layers",
-                               choices=("hooks", "functorch", "ew", "ghost")),
+                               choices=("hooks", "functorch", "ew", "ghost")),  # = dpsgd.GRAD_SAMPLE_MODES
+                               # (spelled out so that config does not import Opacus; a test keeps them equal)
     "target-epsilon": Key(0.0, "each client's privacy budget: it refuses training that would take its epsilon "
                           "past this (0: no budget; epsilon is still reported)", low=0.0),
     "target-delta": Key(1e-5, "delta of every epsilon reported and of the budget", low=0.0, high=1.0, low_open=True),

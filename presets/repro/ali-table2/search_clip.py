@@ -29,7 +29,7 @@ from server.inprocess import run_inprocess
 
 BASE = {
     "strategy": "fedavg", "dataset": "mnist", "partition": "dirichlet", "dirichlet-alpha": 0.05,
-    "num-clients": 10, "model": "ali-mnist-cnn", "privacy": "dpsgd", "dp-sample-rate": 0.015,
+    "num-clients": 10, "privacy": "dpsgd", "dp-sample-rate": 0.015,
     "dp-noise-multiplier": 1.1, "lr": 0.5, "target-epsilon": 2.0, "target-delta": 1e-5,
     "accountant": "ali-eq12", "device": "cpu", "seed": 0,
 }
@@ -53,7 +53,8 @@ def main() -> None:
         part = "iid" if args.partition == "iid" else f"dir{args.alpha:g}"
         config = validate({**BASE, "dataset": args.dataset, "partition": args.partition,
                            "dirichlet-alpha": args.alpha, "model": args.model,
-                           "dp-grad-sample-mode": args.grad_sample_mode, "eval-every": args.eval_every, "dp-clip": clip, "local-steps": args.tau,
+                           "dp-grad-sample-mode": args.grad_sample_mode, "eval-every": args.eval_every,
+                           "dp-clip": clip, "local-steps": args.tau,
                            "num-rounds": args.rounds, "results-dir": args.out,
                            "run-name": f"{args.dataset}-{args.model}-{part}-tau{args.tau}-C{clip}"})
         run_dir = run_inprocess(config)
