@@ -56,8 +56,8 @@ DATASETS = (
     "syn-iid", "syn-0-0", "syn-0.5-0.5", "syn-1-1",  # released Upcycled-FL federations
     "mnist", "fashion-mnist", "cifar10", "adult",
 )
-MODELS = ("auto", "logreg", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "fedavg-cnn", "convnet", "adult-mlp",
-          "convnet-w32")  # convnet-w32: FedLAP ConvNet at width 32 (CPU quick profiles)
+MODELS = ("auto", "logreg", "logreg-softmax", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "fedavg-cnn",
+          "convnet", "adult-mlp", "convnet-w32")  # convnet-w32: FedLAP ConvNet at width 32 (CPU quick profiles)
 STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu",
               "fedlap")
 STRATEGIES += ("ali-dpfl",)  # ALI-DPFL
@@ -355,6 +355,9 @@ def _check_upcycled_private(v: Mapping[str, Scalar]) -> None:
         raise ConfigError("privacy = 'objective' is accounted by Upcycled-FL Thm 6.3, which needs the "
                           "mu-strongly convex local objective F_i + mu/2 ||w - w_global||^2: set strategy = "
                           f"'fedprox' and prox-mu > 0 (got strategy {v['strategy']!r}, prox-mu {v['prox-mu']})")
+    if v["privacy"] == "objective" and v["model"] == "logreg-softmax":
+        raise ConfigError("privacy = 'objective' is accounted by Upcycled-FL Thm 6.3, which needs a convex GLM "
+                          "loss; model 'logreg-softmax' (softmax, then cross-entropy) is not convex: use 'logreg'")
 
 
 # secure aggregation and DP-FedAvg (Hu et al.) ------------------------------------

@@ -13,6 +13,7 @@ from common.models import build_model, num_parameters
     ("convnet", (3, 32, 32), 10, 320_010),
     ("femnist-mlp", (1, 28, 28), 10, 155_830),
     ("logreg", (20,), 2, 42),
+    ("logreg-softmax", (20,), 2, 42),
     ("adult-mlp", (104,), 2, 104 * 64 + 64 + 64 * 32 + 32 + 32 * 2 + 2),
 ])
 def test_parameter_counts_and_forward(name, shape, classes, expected):
@@ -28,3 +29,11 @@ def test_image_model_refuses_wrong_input():
         build_model("fedavg-cnn", (1, 8, 8), 10)
     with pytest.raises(ValueError, match="unknown model"):
         build_model("resnet", (3, 32, 32), 10)
+
+
+def test_logreg_softmax_is_logreg_then_softmax():
+    torch.manual_seed(0)
+    plain, softmax = build_model("logreg", (20,), 2), build_model("logreg-softmax", (20,), 2)
+    softmax.load_state_dict(plain.state_dict())
+    x = torch.randn(5, 20)
+    assert torch.allclose(softmax(x), torch.softmax(plain(x), dim=1))

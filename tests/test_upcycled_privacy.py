@@ -54,6 +54,8 @@ def test_config_refuses_unaccountable_combinations():
         validate({**SMALL, "strategy": "fedavg", "privacy": "objective"})
     with pytest.raises(ConfigError, match="control-variate"):
         validate({**SMALL, "strategy": "scaffold", "privacy": "output"})
+    with pytest.raises(ConfigError, match="not convex"):
+        validate({**SMALL, "strategy": "fedprox", "prox-mu": 0.5, "privacy": "objective", "model": "logreg-softmax"})
 
 
 def test_upcycled_spends_less_than_vanilla_at_equal_rounds():

@@ -68,3 +68,11 @@ def test_select_records_complete_grids_only(gen, tmp_path, monkeypatch):
     assert json.loads((tmp_path / "search.json").read_text())["lr"] == search["lr"]
     lr, _, source = gen.hyperparameters("fedprox", "Syn(iid)", search)
     assert (lr, source.startswith("lr: search")) == (0.01, True)
+
+
+@pytest.mark.parametrize("name", ["upcycled-table1", "upcycled-table3", "upcycled-privacy"])
+def test_suites_train_the_authors_model_except_objective_perturbation(name):
+    """The paper's numbers are the authors' double-softmax model's; Thm 6.3 needs the convex logreg."""
+    for cell in load_suite(name).cells:
+        expected = "logreg" if cell.overrides.get("privacy") == "objective" else "logreg-softmax"
+        assert cell.overrides["model"] == expected, cell.label
