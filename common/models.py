@@ -21,7 +21,8 @@ Choices the papers leave open (written down here, once):
   map is 32x32 inside, exactly as the authors' code (hence 317,706 for MNIST).
 - The authors' Upcycled code ends every model in softmax and then applies
   cross-entropy (a double softmax: the loss is log-softmax of probabilities,
-  bounded, with gradients at most half the logits model's, and not convex).
+  bounded, with small, saturating gradients, and not convex; the losses the
+  runs report are that loss).
   `logreg-softmax` is that model, so the Synthetic suites train what the
   paper measured; `logreg` is the textbook (convex) logistic regression.
 """
