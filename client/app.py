@@ -8,6 +8,7 @@ from flwr.clientapp import ClientApp
 
 from client.node import local_client
 from client.privacy import BudgetExhausted, refusal
+from client.resume import resumable, snapshot_folder
 from client.secagg import handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
 from common.evaluation import evaluate
@@ -31,7 +32,8 @@ def enroll(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     client = local_client(context)
-    rule = update_rule(str(client.config["strategy"]), str(client.config["privacy"]))
+    rule = resumable(update_rule(str(client.config["strategy"]), str(client.config["privacy"])),
+                     snapshot_folder(client.config, context.node_config, client.partition))
     try:
         if client.config["secure-aggregation"] or is_secure(msg):  # reply with a masked vector (client/secagg.py)
             return secure_train(rule, client, msg, context)

@@ -17,7 +17,11 @@ a checkpoint for the run-name exists, the run resumes at the next round: the
 global model, the strategy's state, the privacy mirror (rounds already
 accounted are not re-counted) and the results rows come from the checkpoint.
 Clients key their privacy ledgers by the same run-name when `checkpoint` is on
-(`client/privacy.py`), so their ledgers continue too.
+(`client/privacy.py`), so their ledgers continue too, and so do their
+update rules' states (SCAFFOLD's c_i, FedDyn's g_i, ...: `client/resume.py`).
+The checkpoint holds a lineage token, new at every fresh start and sent in
+every train config, so nodes never restore a state of an earlier run that had
+the same run-name.
 
 Strategy state protocol: every object of the strategy's wrapper chain
 (`strategy`, `strategy.base`, ...) is saved as one state dict. An object may
@@ -39,19 +43,19 @@ chain are recorded; a resume with another strategy is refused.
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
+import secrets
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
-from flwr.app import Array, ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord
 
+from client.resume import LINEAGE
+from common.checkpoint_file import load_checkpoint, save_checkpoint
 from common.config import ConfigError
 from common.privacy.ledger import PrivacyLedger
 
-FORMAT, VERSION = "privfed-checkpoint", 1
+FORMAT, VERSION = "privfed-checkpoint", 2  # 2: with the lineage token
 # keys that may differ between the interrupted run and the resumed one (not num-rounds: strategies
 # plan with it, e.g. DP-FedAvg's participation schedule and noise calibration, ALI's tau*)
 MAY_CHANGE = frozenset({"round-timeout", "node-wait-timeout", "poll-interval", "device",
@@ -116,93 +120,6 @@ def load_strategy_state(strategy, states: list[Mapping[str, Any]]) -> None:
             load_auto_state(s, state)
 
 
-# --- flattening arrays out of JSON ------------------------------------------------
-
-
-def _flatten(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
-    if isinstance(obj, ArrayRecord):
-        keys = []
-        for name, arr in obj.items():
-            arrays[f"{prefix}/{name}"] = arr.numpy()
-            keys.append(name)
-        return {"__arrayrecord__": prefix, "keys": keys}
-    if isinstance(obj, np.ndarray):
-        arrays[prefix] = obj
-        return {"__array__": prefix}
-    if hasattr(obj, "detach") and hasattr(obj, "cpu") and hasattr(obj, "numpy"):  # torch tensor
-        arrays[prefix] = obj.detach().cpu().numpy()
-        return {"__array__": prefix, "torch": True}
-    if isinstance(obj, Mapping):
-        if all(isinstance(k, str) for k in obj):
-            return {"__dict__": {k: _flatten(v, f"{prefix}/{k}", arrays) for k, v in obj.items()}}
-        return {"__items__": [[_flatten(k, f"{prefix}/k{i}", arrays), _flatten(v, f"{prefix}/{i}", arrays)]
-                              for i, (k, v) in enumerate(obj.items())]}
-    if isinstance(obj, tuple):
-        return {"__tuple__": [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]}
-    if isinstance(obj, (set, frozenset)):
-        return {"__set__": [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(sorted(obj))]}
-    if isinstance(obj, list):
-        return [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]
-    if isinstance(obj, np.generic):
-        return obj.item()
-    return obj
-
-
-def _unflatten(obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
-    if isinstance(obj, dict):
-        if "__arrayrecord__" in obj:
-            p = obj["__arrayrecord__"]
-            return ArrayRecord({k: Array(np.ascontiguousarray(arrays[f"{p}/{k}"])) for k in obj["keys"]})
-        if "__array__" in obj:
-            a = np.array(arrays[obj["__array__"]])
-            if obj.get("torch"):
-                import torch
-
-                return torch.from_numpy(a)
-            return a
-        if "__dict__" in obj:
-            return {k: _unflatten(v, arrays) for k, v in obj["__dict__"].items()}
-        if "__items__" in obj:
-            return {_unflatten(k, arrays): _unflatten(v, arrays) for k, v in obj["__items__"]}
-        if "__tuple__" in obj:
-            return tuple(_unflatten(v, arrays) for v in obj["__tuple__"])
-        if "__set__" in obj:
-            return set(_unflatten(v, arrays) for v in obj["__set__"])
-        raise ValueError(f"unknown checkpoint node {sorted(obj)}")
-    if isinstance(obj, list):
-        return [_unflatten(v, arrays) for v in obj]
-    return obj
-
-
-# --- the file ----------------------------------------------------------------------
-
-
-def save_checkpoint(path: Path, state: Mapping[str, Any]) -> Path:
-    """Write `state` (JSON values, arrays, ArrayRecords) to `path` atomically."""
-    arrays: dict[str, np.ndarray] = {}
-    meta = _flatten(dict(state), "", arrays)
-    meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, __meta__=meta_bytes, **{f"a{k}": v for k, v in arrays.items()})
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    with np.load(path, allow_pickle=False) as z:
-        meta = json.loads(z["__meta__"].tobytes().decode())
-        arrays = {k[1:]: z[k] for k in z.files if k != "__meta__"}
-    return _unflatten(meta, arrays)
-
-
 class Checkpointer:
     """The runner's hooks: `resume(...)` before the first round, `save(...)` after each."""
 
@@ -210,6 +127,7 @@ class Checkpointer:
         self.config, self.log = config, log
         self.enabled = bool(config["checkpoint"])
         self.path: Path | None = None
+        self.lineage = secrets.token_hex(8)  # replaced by the checkpoint's on resume
         if not self.enabled:
             return
         name = str(config["run-name"])
@@ -225,8 +143,11 @@ class Checkpointer:
         if not self.enabled or not self.path.exists():
             return None, 1
         ckpt = load_checkpoint(self.path)
-        if ckpt.get("format") != FORMAT or ckpt.get("version") != VERSION:
-            raise CheckpointError(f"{self.path} is not a privfed checkpoint (version {VERSION})")
+        if ckpt.get("format") != FORMAT:
+            raise CheckpointError(f"{self.path} is not a privfed checkpoint")
+        if ckpt.get("version") != VERSION:
+            raise CheckpointError(f"{self.path} has checkpoint format version {ckpt.get('version')}; this privfed "
+                                  f"resumes version {VERSION} only: start afresh (another run-name)")
         old = ckpt["config"]
         changed = sorted(k for k in set(old) | set(self.config)
                          if k not in MAY_CHANGE and old.get(k) != self.config.get(k))
@@ -238,6 +159,7 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {self.path} holds the state of {ckpt['strategy_classes']}, "
                                   f"not {strategy_classes(strategy)}")
         load_strategy_state(strategy, ckpt["strategy"])
+        self.lineage = str(ckpt["lineage"])
         for p, ledger in ckpt["mirror"].items():
             mirror.ledgers[int(p)] = PrivacyLedger.from_json(ledger)
         writer.rows = []
@@ -249,11 +171,15 @@ class Checkpointer:
                  f"next round {done + 1}")
         return ckpt["model"], done + 1
 
+    def train_config(self) -> ConfigRecord:
+        """What every train instruction carries for resumable runs: the lineage token."""
+        return ConfigRecord({LINEAGE: self.lineage} if self.enabled else {})
+
     def save(self, server_round: int, arrays: ArrayRecord, strategy, mirror, writer) -> None:
         if not self.enabled:
             return
         save_checkpoint(self.path, {
-            "format": FORMAT, "version": VERSION, "round": server_round,
+            "format": FORMAT, "version": VERSION, "round": server_round, "lineage": self.lineage,
             "config": dict(self.config), "rows": list(writer.rows),
             "model": arrays, "strategy_classes": strategy_classes(strategy),
             "strategy": strategy_state(strategy),

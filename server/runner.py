@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 import torch
-from flwr.app import ConfigRecord
 from flwr.serverapp import Grid
 from rich.console import Console
 
@@ -111,7 +110,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         if not active_partitions(strategy):
             log(f"no client can train within its privacy budget; ending the run after round {server_round - 1}")
             break
-        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid_for_strategy))
+        messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))
         replies = list(grid_for_strategy.send_and_receive(messages, timeout=float(config["round-timeout"])))
         account_round(config, strategy, roster, mirror, messages, replies, log)
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)

@@ -10,9 +10,10 @@ import json
 
 import numpy as np
 import pytest
-from flwr.app import Array, ArrayRecord
+from flwr.app import Array, ArrayRecord, RecordDict
 
 import client.node
+from client import resume
 from client.privacy import ledger_path
 from common.config import ConfigError, validate
 from common.privacy.ledger import PrivacyLedger
@@ -34,30 +35,34 @@ class Killed(RuntimeError):
 
 
 class DiesAfter:
-    """Delegates to the in-process grid; the server "dies" when it sends training round `after + 1`."""
+    """Delegates to the in-process grid; the server "dies" when it sends training round `after + 1`
+    (`after_replies`: once the replies of training round `after` are in, before it is checkpointed)."""
 
-    def __init__(self, inner, after: int):
-        self.inner, self.left = inner, after
+    def __init__(self, inner, after: int, after_replies: bool = False):
+        self.inner, self.left, self.after_replies = inner, after, after_replies
 
     def send_and_receive(self, messages, *, timeout=None):
         messages = list(messages)
         if messages and messages[0].metadata.message_type == "train":
-            if self.left == 0:
+            if self.left == 0 and not self.after_replies:
                 raise Killed("ServerApp killed")
             self.left -= 1
+            if self.left == 0 and self.after_replies:  # the clients trained; the round is not checkpointed
+                self.inner.send_and_receive(messages, timeout=timeout)
+                raise Killed("ServerApp killed")
         return self.inner.send_and_receive(messages, timeout=timeout)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
 
-def run(cfg, run_id, die_after: int | None = None):
+def run(cfg, run_id, die_after: int | None = None, after_replies: bool = False):
     client.node._local.clear()  # each run: fresh client processes
     with InProcessGrid("client.app:app", dict(cfg), int(cfg["num-clients"]), run_id=run_id) as grid:
         if die_after is None:
             return run_federation(grid, cfg)
         with pytest.raises(Killed):
-            run_federation(DiesAfter(grid, die_after), cfg)
+            run_federation(DiesAfter(grid, die_after, after_replies), cfg)
 
 
 def rows(results):
@@ -106,19 +111,68 @@ def test_resume_equals_uninterrupted_run_without_double_counting(tmp_path):
 
     with pytest.raises(CheckpointError, match="different run config"):
         run(resumed_cfg.replace(lr=0.25), run_id=4)
+    path = Checkpointer(resumed_cfg).path
+    save_checkpoint(path, {**load_checkpoint(path), "version": 1})
+    with pytest.raises(CheckpointError, match="format version 1"):
+        run(resumed_cfg, run_id=5)
 
 
-@pytest.mark.parametrize("strategy,upcycled", [("fedyogi", True)])
-def test_stateful_strategies_resume_exactly(tmp_path, strategy, upcycled):
-    """Server state (FedYogi's moments, Upcycled's last two models) survives the checkpoint:
-    interrupted in round 5 and resumed = uninterrupted 5 rounds. (Client-side state kept in
-    Flower's Context.state, e.g. SCAFFOLD's c_i, is per Flower run and does not survive a restart.)"""
-    base = {"strategy": strategy, "upcycled": upcycled, "privacy": "none", "local-steps": 0, "num-rounds": 5}
-    whole = run(config(tmp_path, "whole", **base), run_id=1)
-    part = config(tmp_path, "part", checkpoint=True, **base)
-    run(part, run_id=2, die_after=2)  # upcycled: clients train in rounds 1, 3, 5; dies in round 5
-    resumed = run(part, run_id=3)
-    assert [r["round"] for r in rows(resumed)] == [1, 2, 3, 4, 5]
-    ma, mb = np.load(whole / "model.npz"), np.load(resumed / "model.npz")
+def assert_same_model(a, b):
+    ma, mb = np.load(a / "model.npz"), np.load(b / "model.npz")
     for key in ma.files:
         np.testing.assert_allclose(mb[key], ma[key], rtol=1e-5, atol=1e-6)
+
+
+STATEFUL = {"privacy": "none", "local-steps": 0, "num-rounds": 5}
+
+
+@pytest.mark.parametrize("strategy,upcycled", [("fedyogi", True), ("scaffold", True), ("feddyn", False)])
+def test_stateful_strategies_resume_exactly(tmp_path, strategy, upcycled):
+    """Server state (FedYogi's moments, SCAFFOLD's c, Upcycled's last two models) and the nodes'
+    update-rule state (SCAFFOLD's c_i, FedDyn's g_i: client/resume.py) survive
+    the restart: interrupted in round 5 and resumed = uninterrupted 5 rounds."""
+    base = {"strategy": strategy, "upcycled": upcycled, **STATEFUL}
+    whole = run(config(tmp_path, "whole", **base), run_id=1)
+    part = config(tmp_path, "part", checkpoint=True, **base)
+    run(part, run_id=2, die_after=2 if upcycled else 4)  # upcycled: clients train in rounds 1, 3, 5
+    resumed = run(part, run_id=3)
+    assert [r["round"] for r in rows(resumed)] == [1, 2, 3, 4, 5]
+    assert_same_model(whole, resumed)
+
+
+def test_node_state_of_a_lost_round_is_not_restored(tmp_path):
+    """The server dies after its round-3 replies but before checkpointing round 3: the nodes'
+    round-3 snapshots exist, yet the resumed round 3 must start from their earlier state."""
+    base = {"strategy": "scaffold", "num-clients": 4, "fraction-train": 0.5, **STATEFUL}
+    whole = run(config(tmp_path, "whole", **base), run_id=1)
+    part = config(tmp_path, "part", checkpoint=True, **base)
+    run(part, run_id=2, die_after=3, after_replies=True)
+    assert load_checkpoint(Checkpointer(part).path)["round"] == 2
+    resumed = run(part, run_id=3)
+    assert_same_model(whole, resumed)
+
+
+def test_fresh_start_under_the_same_run_name_ignores_old_node_state(tmp_path):
+    """A new lineage (checkpoint deleted, same run-name) must not restore an earlier run's c_i."""
+    base = {"strategy": "scaffold", "num-clients": 4, "fraction-train": 0.5, **STATEFUL}
+    whole = run(config(tmp_path, "whole", **base), run_id=1)
+    part = config(tmp_path, "part", checkpoint=True, **base)
+    run(part, run_id=2, die_after=4)
+    Checkpointer(part).path.unlink()
+    again = run(part, run_id=3)
+    assert_same_model(whole, again)
+
+
+def test_snapshots_are_kept_per_lineage_and_bounded(tmp_path):
+    state = RecordDict({"c": ArrayRecord({"w": Array(np.zeros(2, dtype=np.float32))})})
+    for r in (1, 3, 4):
+        state["c"] = ArrayRecord({"w": Array(np.full(2, r, dtype=np.float32))})
+        resume.save(tmp_path, "ab", r, state)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ab-round-00000003.npz", "ab-round-00000004.npz"]
+    fresh = RecordDict()
+    assert resume.restore(tmp_path, "ab", 4, fresh) == 3 and fresh["c"]["w"].numpy().tolist() == [3, 3]
+    assert resume.restore(tmp_path, "cd", 9, RecordDict()) is None  # another lineage's: not ours
+    resume.save(tmp_path, "cd", 1, state)
+    assert [p.name for p in tmp_path.iterdir()] == ["cd-round-00000001.npz"]  # the old lineage is gone
+    with pytest.raises(ValueError, match="hex token"):
+        resume.restore(tmp_path, "../x", 2, RecordDict())

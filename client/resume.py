@@ -1,0 +1,87 @@
+"""Update-rule state that survives a restart, in resumable runs (checkpoint = true).
+
+Update rules keep per-node state in Flower's Context.state: SCAFFOLD's c_i,
+FedDyn's g_i, pFedMe's personalised model, FedLAP's carried-over set. A
+restarted ServerApp is a new Flower run with fresh Contexts (a restarted
+SuperNode loses them too), so in a resumable run each node also saves those
+ArrayRecords after every train round, in its state directory beside its
+ledger, and a fresh Context restores them.
+
+Which snapshot: the server resumes at the round after its last checkpoint, and
+a node may already have trained in the round that was lost. So a node keeps
+its last two snapshots and restores the newest one from before the round it is
+asked to run, i.e. the state that matches the server's checkpoint. Snapshots
+carry the server's lineage token (server/checkpoint.py), so a run started
+afresh under the same run-name never picks up an earlier run's state.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Callable, Mapping
+
+from flwr.app import ArrayRecord, RecordDict
+
+from client.privacy import state_dir
+from common.checkpoint_file import load_checkpoint, save_checkpoint
+from common.records import CONFIG
+
+LINEAGE = "lineage"  # train-config key of the server's lineage token
+KEEP = 2  # snapshots kept per node: the last round may be lost with the server
+
+Rule = Callable[[object, RecordDict, RecordDict], RecordDict]
+
+
+def snapshot_folder(config: Mapping, node_config: Mapping, partition: int) -> Path | None:
+    """Where this node's snapshots live; None unless the run is resumable."""
+    if not (config.get("checkpoint") and config.get("run-name")):
+        return None
+    return state_dir(config, node_config) / f"name-{config['run-name']}" / f"partition-{partition}.states"
+
+
+def _snapshots(folder: Path, lineage: str) -> list[tuple[int, Path]]:
+    """This lineage's snapshots, oldest first."""
+    if not re.fullmatch(r"[0-9a-f]{1,64}", lineage):  # it names files: never a path from a message
+        raise ValueError(f"the train config's {LINEAGE!r} must be a hex token, got {lineage!r}")
+    prefix = f"{lineage}-round-"
+    return sorted((int(path.stem.removeprefix(prefix)), path) for path in folder.glob(f"{prefix}*.npz")
+                  if path.stem.removeprefix(prefix).isdigit())
+
+
+def restore(folder: Path, lineage: str, server_round: int, state: RecordDict) -> int | None:
+    """Put the newest snapshot of `lineage` from before `server_round` into `state`; its round, or None."""
+    earlier = [(r, path) for r, path in _snapshots(folder, lineage) if r < server_round]
+    if not earlier:
+        return None
+    snapshot_round, path = earlier[-1]
+    for key, record in load_checkpoint(path)["records"].items():
+        state[key] = record
+    return snapshot_round
+
+
+def save(folder: Path, lineage: str, server_round: int, state: RecordDict) -> None:
+    """Snapshot the ArrayRecords of `state` for `server_round`; keep this lineage's last KEEP only."""
+    records = {key: value for key, value in state.items() if isinstance(value, ArrayRecord)}
+    save_checkpoint(folder / f"{lineage}-round-{server_round:08d}.npz", {"round": server_round, "records": records})
+    keep = {path for _, path in _snapshots(folder, lineage)[-KEEP:]}
+    for path in folder.glob("*-round-*.npz"):
+        if path not in keep:
+            path.unlink(missing_ok=True)
+
+
+def resumable(rule: Rule, folder: Path | None) -> Rule:
+    """`rule`, restoring its state into a fresh Context first and snapshotting it after."""
+    if folder is None:
+        return rule
+
+    def run(client, content: RecordDict, state: RecordDict) -> RecordDict:
+        instruction = content[CONFIG]
+        lineage, server_round = str(instruction.get(LINEAGE, "")), int(instruction["server-round"])
+        if not any(isinstance(value, ArrayRecord) for value in state.values()):
+            restore(folder, lineage, server_round, state)
+        reply = rule(client, content, state)
+        save(folder, lineage, server_round, state)
+        return reply
+
+    return run

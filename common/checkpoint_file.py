@@ -1,0 +1,103 @@
+"""The checkpoint file: JSON values, numpy arrays, torch tensors and ArrayRecords
+(nested in dicts, lists, tuples and sets) in one `.npz`, written atomically
+(temp file in the same folder, fsync, `os.replace`). The server's checkpoint
+(server/checkpoint.py) and the nodes' update-rule snapshots (client/resume.py)
+both use it."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+
+# --- flattening arrays out of JSON ------------------------------------------------
+
+
+def _flatten(obj: Any, prefix: str, arrays: dict[str, np.ndarray]) -> Any:
+    if isinstance(obj, ArrayRecord):
+        keys = []
+        for name, arr in obj.items():
+            arrays[f"{prefix}/{name}"] = arr.numpy()
+            keys.append(name)
+        return {"__arrayrecord__": prefix, "keys": keys}
+    if isinstance(obj, np.ndarray):
+        arrays[prefix] = obj
+        return {"__array__": prefix}
+    if hasattr(obj, "detach") and hasattr(obj, "cpu") and hasattr(obj, "numpy"):  # torch tensor
+        arrays[prefix] = obj.detach().cpu().numpy()
+        return {"__array__": prefix, "torch": True}
+    if isinstance(obj, Mapping):
+        if all(isinstance(k, str) for k in obj):
+            return {"__dict__": {k: _flatten(v, f"{prefix}/{k}", arrays) for k, v in obj.items()}}
+        return {"__items__": [[_flatten(k, f"{prefix}/k{i}", arrays), _flatten(v, f"{prefix}/{i}", arrays)]
+                              for i, (k, v) in enumerate(obj.items())]}
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]}
+    if isinstance(obj, (set, frozenset)):
+        return {"__set__": [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(sorted(obj))]}
+    if isinstance(obj, list):
+        return [_flatten(v, f"{prefix}/{i}", arrays) for i, v in enumerate(obj)]
+    if isinstance(obj, np.generic):
+        return obj.item()
+    return obj
+
+
+def _unflatten(obj: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    if isinstance(obj, dict):
+        if "__arrayrecord__" in obj:
+            p = obj["__arrayrecord__"]
+            return ArrayRecord({k: Array(np.ascontiguousarray(arrays[f"{p}/{k}"])) for k in obj["keys"]})
+        if "__array__" in obj:
+            a = np.array(arrays[obj["__array__"]])
+            if obj.get("torch"):
+                import torch
+
+                return torch.from_numpy(a)
+            return a
+        if "__dict__" in obj:
+            return {k: _unflatten(v, arrays) for k, v in obj["__dict__"].items()}
+        if "__items__" in obj:
+            return {_unflatten(k, arrays): _unflatten(v, arrays) for k, v in obj["__items__"]}
+        if "__tuple__" in obj:
+            return tuple(_unflatten(v, arrays) for v in obj["__tuple__"])
+        if "__set__" in obj:
+            return set(_unflatten(v, arrays) for v in obj["__set__"])
+        raise ValueError(f"unknown checkpoint node {sorted(obj)}")
+    if isinstance(obj, list):
+        return [_unflatten(v, arrays) for v in obj]
+    return obj
+
+
+# --- the file ----------------------------------------------------------------------
+
+
+def save_checkpoint(path: Path, state: Mapping[str, Any]) -> Path:
+    """Write `state` (JSON values, arrays, ArrayRecords) to `path` atomically."""
+    arrays: dict[str, np.ndarray] = {}
+    meta = _flatten(dict(state), "", arrays)
+    meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.savez(fh, __meta__=meta_bytes, **{f"a{k}": v for k, v in arrays.items()})
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    with np.load(path, allow_pickle=False) as z:
+        meta = json.loads(z["__meta__"].tobytes().decode())
+        arrays = {k[1:]: z[k] for k in z.files if k != "__meta__"}
+    return _unflatten(meta, arrays)
