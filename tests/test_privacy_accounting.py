@@ -131,6 +131,19 @@ def test_pld_refuses_bare_zcdp():
 
 
 # --- calibration
+def test_pld_grid_is_bounded_for_tiny_noise():
+    """sigma = 0.01 (a noise-free probe) needs ~1e8 grid points at the default interval (25 GiB to
+    compose): the interval coarsens instead, which stays a (looser) upper bound."""
+    tiny = acc.dpsgd_event(0.015, 0.01, 20)
+    assert acc.pld_interval(acc.dpsgd_event(0.015, 1.1, 20)) == acc.PLD_DISCRETIZATION
+    assert acc.pld_interval(tiny) > 100 * acc.PLD_DISCRETIZATION
+    pld = acc.epsilon(tiny, 1e-5, accountant="pld")
+    assert 0 < pld <= acc.epsilon(tiny, 1e-5, accountant="rdp")
+    event = acc.dpsgd_event(0.015, 0.5, 20)
+    fine = acc.epsilon(event, 1e-5, accountant="pld")
+    assert acc.epsilon(event, 1e-5, accountant="pld", pld_discretization=1e-2) >= fine  # coarse: never below
+
+
 def test_calibrated_sigma_is_smallest_meeting_target():
     for target, q, steps in [(2.79, FEDLAP_Q, 200), (8.0, 0.1, 50)]:
         sigma = acc.calibrate_noise_multiplier(target, DELTA, q, steps)

@@ -56,6 +56,9 @@ ORDER_SETS: dict[str, tuple[float, ...]] = {
 }
 DEFAULT_ORDERS = "privfed"
 PLD_DISCRETIZATION = 1e-4
+# Longest privacy-loss grid one mechanism may get. A Gaussian's loss spans about 1/(2 sigma^2) + 10/sigma,
+# so a tiny sigma (a "noise-free" probe, sigma = 0.01) would need ~1e8 points at 1e-4 and ~25 GiB to compose.
+PLD_MAX_POINTS = 300_000
 
 Orders = str | Sequence[float]
 
@@ -161,12 +164,29 @@ def _unhash(key) -> dpa.DpEvent:
     return key
 
 
+def _gaussian_noise_multipliers(event: dpa.DpEvent):
+    if isinstance(event, dpa.GaussianDpEvent):
+        yield float(event.noise_multiplier)
+    for child in getattr(event, "events", None) or [getattr(event, "event", None)]:
+        if child is not None:
+            yield from _gaussian_noise_multipliers(child)
+
+
+def pld_interval(event: dpa.DpEvent, discretization: float = PLD_DISCRETIZATION) -> float:
+    """The value-discretisation interval for `event`: `discretization`, or coarser where its smallest
+    Gaussian noise multiplier would make the loss grid longer than PLD_MAX_POINTS. The discretisation
+    is pessimistic, so a coarser grid still gives an upper bound on epsilon, only a looser one."""
+    sigma = min(_gaussian_noise_multipliers(event), default=math.inf)
+    span = 1 / (2 * sigma**2) + 10 / sigma if sigma > 0 else math.inf
+    return max(discretization, span / PLD_MAX_POINTS)
+
+
 @functools.lru_cache(maxsize=256)
 def _pld_epsilon(key, delta: float, discretization: float) -> float:
     """PLD epsilon, cached: building a PLD is costly and clients with equal
     ledgers (the usual case) ask for the same event."""
     event = _unhash(key)
-    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=discretization)
+    acc = pld_privacy_accountant.PLDAccountant(value_discretization_interval=pld_interval(event, discretization))
     if not acc.supports(event):
         raise ValueError(
             f"the PLD accountant cannot account {event} (a bare zCDP bound has no privacy loss "
