@@ -177,8 +177,9 @@ def pld_interval(event: dpa.DpEvent, discretization: float = PLD_DISCRETIZATION)
     Gaussian noise multiplier would make the loss grid longer than PLD_MAX_POINTS. The discretisation
     is pessimistic, so a coarser grid still gives an upper bound on epsilon, only a looser one."""
     sigma = min(_gaussian_noise_multipliers(event), default=math.inf)
-    span = 1 / (2 * sigma**2) + 10 / sigma if sigma > 0 else math.inf
-    return max(discretization, span / PLD_MAX_POINTS)
+    if sigma == 0:  # no noise: dp-accounting's PLD is the infinite-loss point mass, no grid
+        return discretization
+    return max(discretization, (1 / (2 * sigma**2) + 10 / sigma) / PLD_MAX_POINTS)
 
 
 @functools.lru_cache(maxsize=256)
