@@ -40,11 +40,16 @@ def snapshot_folder(config: Mapping, node_config: Mapping, partition: int) -> Pa
     return state_dir(config, node_config) / f"name-{config['run-name']}" / f"partition-{partition}.states"
 
 
+def _prefix(lineage: str) -> str:
+    """The file-name prefix of a lineage's snapshots; the token comes in a message, so it must be hex."""
+    if not re.fullmatch(r"[0-9a-f]{1,64}", lineage):
+        raise ValueError(f"the train config's {LINEAGE!r} must be a hex token, got {lineage!r}")
+    return f"{lineage}-round-"
+
+
 def _snapshots(folder: Path, lineage: str) -> list[tuple[int, Path]]:
     """This lineage's snapshots, oldest first."""
-    if not re.fullmatch(r"[0-9a-f]{1,64}", lineage):  # it names files: never a path from a message
-        raise ValueError(f"the train config's {LINEAGE!r} must be a hex token, got {lineage!r}")
-    prefix = f"{lineage}-round-"
+    prefix = _prefix(lineage)
     return sorted((int(path.stem.removeprefix(prefix)), path) for path in folder.glob(f"{prefix}*.npz")
                   if path.stem.removeprefix(prefix).isdigit())
 
@@ -63,7 +68,7 @@ def restore(folder: Path, lineage: str, server_round: int, state: RecordDict) ->
 def save(folder: Path, lineage: str, server_round: int, state: RecordDict) -> None:
     """Snapshot the ArrayRecords of `state` for `server_round`; keep this lineage's last KEEP only."""
     records = {key: value for key, value in state.items() if isinstance(value, ArrayRecord)}
-    save_checkpoint(folder / f"{lineage}-round-{server_round:08d}.npz", {"round": server_round, "records": records})
+    save_checkpoint(folder / f"{_prefix(lineage)}{server_round:08d}.npz", {"round": server_round, "records": records})
     keep = {path for _, path in _snapshots(folder, lineage)[-KEEP:]}
     for path in folder.glob("*-round-*.npz"):
         if path not in keep:

@@ -176,3 +176,6 @@ def test_snapshots_are_kept_per_lineage_and_bounded(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["cd-round-00000001.npz"]  # the old lineage is gone
     with pytest.raises(ValueError, match="hex token"):
         resume.restore(tmp_path, "../x", 2, RecordDict())
+    with pytest.raises(ValueError, match="hex token"):
+        resume.save(tmp_path, "../x", 2, state)
+    assert not (tmp_path.parent / "x-round-00000002.npz").exists()
