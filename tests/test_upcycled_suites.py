@@ -49,8 +49,15 @@ def test_table_suites_hold_224_runs_with_searched_hyperparameters(gen):
 
 
 def test_pick_takes_the_best_and_breaks_ties_by_grid_order(gen):
-    assert gen._pick({0.1: 80.0, 0.3: 82.5, 0.5: 81.0})["choice"] == 0.3
-    assert gen._pick({0.1: 82.5, 0.3: 82.5})["choice"] == 0.1
+    assert gen._pick({"0.1": (0.1, 80.0), "0.3": (0.3, 82.5), "0.5": (0.5, 81.0)})["choice"] == 0.3
+    assert gen._pick({"0.1": (0.1, 82.5), "0.3": (0.3, 82.5)})["choice"] == 0.1
+
+
+def test_fedprox_searches_lr_and_mu_jointly(gen):
+    assert gen.local_grid("fedavg") == [{"lr": lr} for lr in gen.LR_GRID]
+    fedprox = gen.local_grid("fedprox")
+    assert len(fedprox) == len(gen.LR_GRID) * len(gen.MU_GRID)
+    assert {"lr": 0.1, "prox-mu": 0.01} in fedprox and gen.point_label(fedprox[0]) == "lr=0.001 mu=0.5"
 
 
 def test_select_records_complete_grids_only(gen, tmp_path, monkeypatch):
@@ -58,16 +65,30 @@ def test_select_records_complete_grids_only(gen, tmp_path, monkeypatch):
     folder = tmp_path / "upcycled-search-lr"
     folder.mkdir()
     rows = ["suite,row,column,ours_mean,ours_std,n_seeds,paper,diff"]
-    for lr, acc in zip(gen.lr_grid("fedprox"), (70, 75, 81, 79, 60)):
-        rows.append(f"s,FedProx lr={lr:g},Syn(iid),{acc},0,1,,")
+    grid = gen.local_grid("fedprox")
+    for i, point in enumerate(grid):  # the best: lr 0.01, mu 0.1
+        acc = 90 if point == {"lr": 0.01, "prox-mu": 0.1} else 70 + i / 10
+        rows.append(f"s,FedProx {gen.point_label(point)},Syn(iid),{acc},0,1,,")
     rows.append("s,Scaffold lr=0.001,Syn(iid),90,0,1,,")  # an incomplete grid is not recorded
     (folder / "report.csv").write_text("\n".join(rows) + "\n")
     search = gen.select(tmp_path)
-    assert search["lr"] == {"fedprox Syn(iid)": {"choice": 0.01, "accuracy": {
-        "0.001": 70.0, "0.005": 75.0, "0.01": 81.0, "0.05": 79.0, "0.1": 60.0}}}
-    assert json.loads((tmp_path / "search.json").read_text())["lr"] == search["lr"]
-    lr, _, source = gen.hyperparameters("fedprox", "Syn(iid)", search)
-    assert (lr, source.startswith("lr: search")) == (0.01, True)
+    recorded = search["local"]
+    assert list(recorded) == ["fedprox Syn(iid)"]
+    assert recorded["fedprox Syn(iid)"]["choice"] == {"lr": 0.01, "prox-mu": 0.1}
+    assert len(recorded["fedprox Syn(iid)"]["accuracy"]) == len(grid)
+    assert json.loads((tmp_path / "search.json").read_text())["local"] == recorded
+    local, _, source = gen.hyperparameters("fedprox", "Syn(iid)", search)
+    assert (local, source.startswith("lr, mu: search")) == ({"lr": 0.01, "prox-mu": 0.1}, True)
+
+
+def test_fedprox_cells_carry_the_searched_mu(gen):
+    search = gen.recorded_search()
+    for name in ("upcycled-table1", "upcycled-table3"):
+        for cell in load_suite(name).cells:
+            key = gen.search_key(cell.overrides["strategy"], cell.column)
+            if key in search["local"]:
+                chosen = search["local"][key]["choice"]
+                assert {k: cell.overrides[k] for k in chosen} == chosen, cell.label
 
 
 @pytest.mark.parametrize("name", ["upcycled-table1", "upcycled-table3", "upcycled-privacy"])

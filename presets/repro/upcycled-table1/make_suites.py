@@ -15,6 +15,7 @@ import csv
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # presets/repro: the shared TOML helper
 from suite_toml import inline, toml_value  # noqa: E402
@@ -42,12 +43,15 @@ AUTHORS = {
 }
 
 # The search (docs/upcycled-hyperparameters.md): Table 1 setting (90% stragglers), one seed that is not a
-# reported seed, so no reported run chose its own hyperparameters. Stage 1: lr by the vanilla run's final
-# accuracy (theta plays no part in vanilla). Stage 2: theta by the Upcycled run at that lr.
+# reported seed, so no reported run chose its own hyperparameters. Stage 1: the local-training
+# hyperparameters (lr; FedProx: lr x mu) by the vanilla run's final accuracy (theta plays no part in
+# vanilla). Stage 2: theta by the Upcycled run at stage 1's choice.
 SEARCH_SEED = 11
 LR_GRID = (1e-3, 5e-3, 1e-2, 5e-2, 1e-1)
+MU_GRID = (0.5, 0.1, 0.01)  # FedProx's mu; 0.5 (the only mu the paper quotes, Fig. 4) first: it wins ties
 THETA_GRID = (0.1, 0.3, 0.5, 0.7, 0.9)
 SEARCH_FILE = Path(__file__).resolve().with_name("search.json")
+SHORT_NAMES = {"prox-mu": "mu"}  # config key -> its name in row labels and search.json
 
 
 def lr_grid(strategy: str) -> tuple[float, ...]:
@@ -55,16 +59,25 @@ def lr_grid(strategy: str) -> tuple[float, ...]:
     return tuple(lr for lr in LR_GRID if strategy != "pfedme" or lr * 15 < 1)
 
 
+def local_grid(strategy: str) -> list[dict[str, float]]:
+    """Stage 1's grid points (run-config overrides): lr, and for FedProx every lr x mu."""
+    mus = MU_GRID if strategy == "fedprox" else (None,)
+    return [{"lr": lr, **({} if mu is None else {"prox-mu": mu})} for lr in lr_grid(strategy) for mu in mus]
+
+
+def point_label(point: dict[str, float]) -> str:
+    return " ".join(f"{SHORT_NAMES.get(k, k)}={v:g}" for k, v in point.items())
+
+
 def recorded_search() -> dict:
-    return json.loads(SEARCH_FILE.read_text()) if SEARCH_FILE.is_file() else {"lr": {}, "theta": {}}
+    return json.loads(SEARCH_FILE.read_text()) if SEARCH_FILE.is_file() else {"local": {}, "theta": {}}
 
 
 def search_key(row: str, column: str) -> str:
     return f"{row} {column}"
 
 
-def searched(search: dict, stage: str, key: str, column: str, fallback: float,
-             fallback_source: str) -> tuple[float, str]:
+def searched(search: dict, stage: str, key: str, column: str, fallback, fallback_source: str) -> tuple[Any, str]:
     """(value, where it comes from): the recorded search choice, or `fallback` before one exists."""
     picked = search[stage].get(search_key(key, column))
     return (fallback, fallback_source) if picked is None else (picked["choice"], "search")
@@ -76,16 +89,17 @@ def authors(strategy: str, column: str) -> tuple[tuple[float, float], str]:
     return AUTHORS["fedavg"][column], "transfer, not searched"
 
 
-def chosen_lr(strategy: str, column: str, search: dict) -> tuple[float, str]:
+def chosen_local(strategy: str, column: str, search: dict) -> tuple[dict[str, float], str]:
+    """Stage 1's choice ({"lr": ...}, FedProx also "prox-mu"), else the authors' lr (and the preset's mu)."""
     (lr, _), source = authors(strategy, column)
-    return searched(search, "lr", strategy, column, lr, source)
+    return searched(search, "local", strategy, column, {"lr": lr}, source)
 
 
-def hyperparameters(strategy: str, column: str, search: dict) -> tuple[float, float, str]:
-    lr, lr_source = chosen_lr(strategy, column, search)
+def hyperparameters(strategy: str, column: str, search: dict) -> tuple[dict[str, float], float, str]:
+    local, local_source = chosen_local(strategy, column, search)
     (_, theta), source = authors(strategy, column)
     theta, theta_source = searched(search, "theta", strategy, column, theta, source)
-    return lr, theta, f"lr: {lr_source}; theta: {theta_source}"
+    return local, theta, f"{', '.join(SHORT_NAMES.get(k, k) for k in local)}: {local_source}; theta: {theta_source}"
 
 
 # Paper numbers (digest Sec. 4), columns Syn(iid), Syn(0,0), Syn(.5,.5), Syn(1,1): (mean, std) per row.
@@ -161,9 +175,9 @@ stragglers = {stragglers}
     for column in PAPER_COLUMN_ORDER:
         ci = PAPER_COLUMN_ORDER.index(column)
         for row, strategy in BASES.items():
-            lr, theta, source = hyperparameters(strategy, column, search)
-            common = {"strategy": strategy, "dataset": COLUMNS[column], "lr": lr}
-            note = f"lr {lr:g}, theta {theta:g} ({source})"
+            local, theta, source = hyperparameters(strategy, column, search)
+            common = {"strategy": strategy, "dataset": COLUMNS[column], **local}
+            note = f"{point_label(local)}, theta={theta:g} ({source})"
             cells.append(cell(row, column, {**common, "num-rounds": 80, "upcycled": False}, paper[row][ci]))
             cells.append(cell(f"Upc-{row}", column, {**common, "num-rounds": 160, "upcycled": True,
                                                        "upcycled-theta": theta},
@@ -208,7 +222,7 @@ def privacy_suite(search: dict) -> str:
             "Objective FedProx alpha=10", "Objective Upc-FedProx alpha=20"]
     head = f'''# Upcycled-FL private variants on the four Synthetic federations. Generated by
 # presets/repro/upcycled-table1/make_suites.py. 80 total rounds for both (Upcycled: 40 leaking rounds),
-# all 30 clients every round, no stragglers, tau = 10. Epsilons (RDP, PLD, Thm 6.2 / 6.3 at delta 1e-5)
+# all 30 clients every round, no stragglers, tau = 10, 4 seeds like the tables. Epsilons (RDP, PLD, Thm 6.2 / 6.3 at delta 1e-5)
 # beside final loss and accuracy:
 #   PRIVFED_DATA_DIR=/path/to/data privfed repro upcycled-privacy --jobs 2
 #   python presets/repro/upcycled-privacy/epsilons.py [results/repro/upcycled-privacy]
@@ -217,7 +231,7 @@ def privacy_suite(search: dict) -> str:
 name = "upcycled-privacy"
 description = "Upcycled-FL private variants (Sec. 6): output perturbation (FedAvg; clip the model to tau = 10, add N(0, sigma^2 I), sigma 1.0 vanilla vs 0.8 Upcycled) and objective perturbation (FedProx mu = 0.5; linear term <n, w>, p(n) ~ exp(-alpha ||n||), alpha 10 vanilla vs 20 Upcycled); 80 total rounds each (Upcycled: 40 leaking), all 30 clients every round. Final test accuracy (%); the paper gives no table for these (Figs. 3-4 are curves). Epsilon per run: epsilons.md (presets/repro/upcycled-privacy/epsilons.py)."
 source = "Upcycled-FL, Sec. 6 / Figs. 3-4 (no numbers: curves only)"
-seeds = [1, 2]
+seeds = [1, 2, 3, 4]
 base = "../../upcycled-syn.toml"
 metric = "final-accuracy"
 scale = 100.0
@@ -269,10 +283,11 @@ def lr_search_suite() -> str:
     cells = []
     for column in PAPER_COLUMN_ORDER:
         for row, strategy in BASES.items():
-            for lr in lr_grid(strategy):
-                cells.append(cell(f"{row} lr={lr:g}", column, {"strategy": strategy, "dataset": COLUMNS[column],
-                                                              "lr": lr, "num-rounds": 80, "upcycled": False}))
-    return search_suite("upcycled-search-lr", "stage 1: lr of the vanilla runs", cells)
+            for point in local_grid(strategy):
+                cells.append(cell(f"{row} {point_label(point)}", column, {
+                    "strategy": strategy, "dataset": COLUMNS[column], **point, "num-rounds": 80,
+                    "upcycled": False}))
+    return search_suite("upcycled-search-lr", "stage 1: lr (FedProx: lr x mu) of the vanilla runs", cells)
 
 
 def theta_search_suite(search: dict) -> str:
@@ -280,10 +295,10 @@ def theta_search_suite(search: dict) -> str:
     cells = []
     for column in PAPER_COLUMN_ORDER:
         for row, strategy in BASES.items():
-            lr, _ = chosen_lr(strategy, column, search)
+            local, _ = chosen_local(strategy, column, search)
             for theta in THETA_GRID:
                 cells.append(cell(f"Upc-{row} theta={theta:g}", column, {
-                    "strategy": strategy, "dataset": COLUMNS[column], "lr": lr, "num-rounds": 160,
+                    "strategy": strategy, "dataset": COLUMNS[column], **local, "num-rounds": 160,
                     "upcycled": True, "upcycled-theta": theta}))
         for mechanism, (_, upcycled, _) in private_cells(column).items():
             for theta in THETA_GRID:
@@ -298,10 +313,16 @@ def _scores(report_csv: Path) -> dict[tuple[str, str], float]:
         return {(r["row"], r["column"]): float(r["ours_mean"]) for r in csv.DictReader(fh) if r["ours_mean"]}
 
 
-def _pick(scores: dict[float, float]) -> dict:
-    """The best grid value; ties go to the first in grid order."""
-    best = max(scores, key=lambda v: (scores[v], -list(scores).index(v)))
-    return {"choice": best, "accuracy": {f"{v:g}": round(a, 2) for v, a in scores.items()}}
+def _pick(grid: dict[str, tuple[Any, float]]) -> dict:
+    """The best point of a grid (label -> (value, accuracy)); ties go to the first in grid order."""
+    labels = list(grid)
+    best = max(labels, key=lambda label: (grid[label][1], -labels.index(label)))
+    return {"choice": grid[best][0], "accuracy": {label: round(a, 2) for label, (_, a) in grid.items()}}
+
+
+def _record(search: dict, stage: str, key: str, column: str, grid: dict[str, tuple[Any, float | None]]) -> None:
+    if all(accuracy is not None for _, accuracy in grid.values()):  # an unfinished grid is not recorded
+        search[stage][search_key(key, column)] = _pick(grid)
 
 
 def select(results: Path) -> dict:
@@ -312,9 +333,8 @@ def select(results: Path) -> dict:
         scores = _scores(lr_csv)
         for column in PAPER_COLUMN_ORDER:
             for row, strategy in BASES.items():
-                grid = {lr: scores.get((f"{row} lr={lr:g}", column)) for lr in lr_grid(strategy)}
-                if None not in grid.values():
-                    search["lr"][search_key(strategy, column)] = _pick(grid)
+                _record(search, "local", strategy, column, {
+                    point_label(p): (p, scores.get((f"{row} {point_label(p)}", column))) for p in local_grid(strategy)})
     theta_csv = results / "upcycled-search-theta" / "report.csv"
     if theta_csv.is_file():
         scores = _scores(theta_csv)
@@ -322,9 +342,8 @@ def select(results: Path) -> dict:
                                                                                     ("output", "objective")]
         for column in PAPER_COLUMN_ORDER:
             for label, key in labels:
-                grid = {t: scores.get((f"{label} theta={t:g}", column)) for t in THETA_GRID}
-                if None not in grid.values():
-                    search["theta"][search_key(key, column)] = _pick(grid)
+                _record(search, "theta", key, column, {
+                    f"{t:g}": (t, scores.get((f"{label} theta={t:g}", column))) for t in THETA_GRID})
     search["seed"] = SEARCH_SEED
     SEARCH_FILE.write_text(json.dumps(search, indent=1, sort_keys=True) + "\n")
     print(f"wrote {SEARCH_FILE}")
