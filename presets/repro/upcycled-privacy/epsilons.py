@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import SCHEMA, validate  # noqa: E402
 from common.data import load_client  # noqa: E402
+from common.data.errors import DataFileMissing  # noqa: E402
 from common.privacy.ledger import PrivacyLedger  # noqa: E402
 from common.privacy.plan import planned_entries  # noqa: E402
 from server.report import RUN_KEYS, read_rows  # noqa: E402
@@ -70,12 +71,8 @@ def run_epsilons(run_dir: Path, delta: float) -> dict:
     return res
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("suite_dir", nargs="?", default=str(ROOT / "results/repro/upcycled-privacy"))
-    ap.add_argument("--delta", type=float, default=1e-5)
-    args = ap.parse_args(argv)
-    suite_dir = Path(args.suite_dir)
+def suite_epsilons(suite_dir: Path, delta: float) -> dict[tuple[str, str], list[dict]]:
+    """(row, column) -> run_epsilons of each finished seed."""
     snapshot = json.loads((suite_dir / "suite.json").read_text())
     cells = defaultdict(list)
     for cell in snapshot["cells"]:
@@ -83,7 +80,25 @@ def main(argv=None) -> int:
         for seed in cell["seeds"]:
             run = folder / f"s{seed}"
             if (run / "summary.json").exists():
-                cells[(cell["row"], cell["column"])].append(run_epsilons(run, args.delta))
+                cells[(cell["row"], cell["column"])].append(run_epsilons(run, delta))
+    return cells
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("suite_dir", nargs="?", default=str(ROOT / "results/repro/upcycled-privacy"))
+    ap.add_argument("--delta", type=float, default=1e-5)
+    args = ap.parse_args(argv)
+    suite_dir = Path(args.suite_dir)
+    if not (suite_dir / "suite.json").is_file():
+        print(f"epsilons.py: no suite results in {suite_dir} (run `privfed repro upcycled-privacy` first)",
+              file=sys.stderr)
+        return 2
+    try:
+        cells = suite_epsilons(suite_dir, args.delta)
+    except DataFileMissing as exc:  # the ledgers need every client's |D_i|, so the data files
+        print(f"epsilons.py: {exc}", file=sys.stderr)
+        return 2
     keys = ["accuracy", "loss", "rdp_mean", "rdp_max", "pld_mean", "pld_max", "paper_mean", "paper_max",
             "ball_rdp_max", "leaking_rounds"]
     lines = [f"# upcycled-privacy: epsilon beside final accuracy and loss (delta = {args.delta:g})", "",
