@@ -8,7 +8,7 @@ server.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
@@ -25,16 +25,31 @@ def reply_problem(msg: Message, reference: ArrayRecord, max_examples: int | None
     metrics = [r for r in content.values() if isinstance(r, MetricRecord)]
     if len(arrays) != 1 or len(metrics) != 1:
         return f"expected one ArrayRecord and one MetricRecord, got {len(arrays)} and {len(metrics)}"
-    got, metric = arrays[0], metrics[0]
+    return arrays_problem(arrays[0], reference) or examples_problem(metrics[0], max_examples)
+
+
+def arrays_problem(got: ArrayRecord, reference: Mapping[str, Any], what: str = "array") -> str | None:
+    """Why `got` does not match `reference` (an ArrayRecord or a dict of numpy arrays): names, and per
+    array its dtype, shape and finite values. A dtype other than the reference's (strings, complex, ...)
+    would crash or silently change the aggregate, so it is refused like a wrong shape."""
     if list(got.keys()) != list(reference.keys()):
-        return "array names differ from the global model's"
+        return f"{what} names differ from the expected {list(reference.keys())}"
     for key, ref in reference.items():
-        a = got[key]
-        if tuple(a.shape) != tuple(ref.shape):
-            return f"array {key!r} has shape {tuple(a.shape)}, expected {tuple(ref.shape)}"
-        values = a.numpy()
+        try:
+            values = got[key].numpy()
+        except (TypeError, ValueError, OSError, EOFError) as exc:  # not a readable .npy payload
+            return f"{what} {key!r} cannot be read: {exc}"
+        want_dtype, want_shape = np.dtype(ref.dtype), tuple(ref.shape)
+        if values.dtype != want_dtype or values.shape != want_shape:
+            return (f"{what} {key!r} is {values.dtype} of shape {values.shape}, "
+                    f"expected {want_dtype} of shape {want_shape}")
         if values.dtype.kind == "f" and not np.isfinite(values).all():
-            return f"array {key!r} holds NaN or inf"
+            return f"{what} {key!r} holds NaN or inf"
+    return None
+
+
+def examples_problem(metric: MetricRecord, max_examples: int | None) -> str | None:
+    """Why the reply's example count (its aggregation weight) cannot be used, or None."""
     n = metric.get(NUM_EXAMPLES)
     if not isinstance(n, (int, float)) or isinstance(n, bool) or not np.isfinite(n) or n <= 0:
         return f"{NUM_EXAMPLES!r} must be a positive number, got {n!r}"

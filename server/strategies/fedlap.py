@@ -38,6 +38,7 @@ from common.fedlap.trust import param_distance, vote_radius
 from common.models import build_model, resolve_model_name
 from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
 from common.seeding import torch_generator
+from server.replies import examples_problem
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
 
@@ -56,7 +57,10 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
     record, metric = content[SET_KEY], metrics[0]
     if sorted(record.keys()) != ["images", "labels"]:
         return f"set arrays must be 'images' and 'labels', got {sorted(record.keys())}"
-    images, labels = record["images"].numpy(), record["labels"].numpy()
+    try:
+        images, labels = record["images"].numpy(), record["labels"].numpy()
+    except (TypeError, ValueError, OSError, EOFError) as exc:  # not a readable .npy payload
+        return f"set arrays cannot be read: {exc}"
     if images.dtype.kind != "f" or images.ndim != 1 + len(input_shape) or tuple(images.shape[1:]) != input_shape:
         return f"images have shape {images.shape} ({images.dtype}), expected [n, {', '.join(map(str, input_shape))}]"
     if not np.isfinite(images).all():
@@ -73,12 +77,7 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
     radius = metric.get(RADIUS)
     if not isinstance(radius, (int, float)) or isinstance(radius, bool) or not math.isfinite(radius) or radius <= 0:
         return f"{RADIUS!r} must be a positive finite number, got {radius!r}"
-    n = metric.get(NUM_EXAMPLES)
-    if not isinstance(n, (int, float)) or isinstance(n, bool) or not np.isfinite(n) or n <= 0:
-        return f"{NUM_EXAMPLES!r} must be a positive number, got {n!r}"
-    if max_examples is not None and n > max_examples:
-        return f"{NUM_EXAMPLES!r} = {n} exceeds the {max_examples} examples the node enrolled with"
-    return None
+    return examples_problem(metric, max_examples)
 
 
 def train_on_sets(model: torch.nn.Module, sets: list[tuple[torch.Tensor, torch.Tensor, float]], *, lr: float,

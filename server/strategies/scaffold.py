@@ -33,6 +33,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from client.updates.scaffold import CONTROL, CONTROL_DELTA
+from server.replies import arrays_problem
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
 
@@ -61,15 +62,7 @@ class Scaffold(RosterSampling, FlowerFedAvg):
         delta = content.get(CONTROL_DELTA)
         if not isinstance(delta, ArrayRecord):
             return f"no {CONTROL_DELTA!r} ArrayRecord"
-        if list(delta.keys()) != list(self.control.keys()):
-            return f"{CONTROL_DELTA!r} names differ from the control variate's"
-        for key, ref in self.control.items():
-            values = delta[key].numpy()
-            if values.shape != ref.shape:
-                return f"{CONTROL_DELTA!r} array {key!r} has shape {values.shape}, expected {ref.shape}"
-            if values.dtype.kind == "f" and not np.isfinite(values).all():
-                return f"{CONTROL_DELTA!r} array {key!r} holds NaN or inf"
-        return None
+        return arrays_problem(delta, self.control, what=f"{CONTROL_DELTA!r} array")
 
     def screened(self, replies: Iterable[Message]) -> list[Message]:
         views, original = [], {}

@@ -1,0 +1,64 @@
+"""One malformed or adversarial reply is dropped with a log line; the round aggregates the others and the
+server never crashes (server/replies.py, used by every model-averaging strategy)."""
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.supercore.task_identity import TaskIdentity
+
+from common.records import ARRAYS, METRICS, NUM_EXAMPLES
+from server.roster import Roster
+from server.strategies.fedavg import FedAvg
+
+ROSTER = Roster(node_of={0: 101, 1: 102, 2: 103}, num_examples={0: 10, 1: 30, 2: 60})
+SHAPES = {"w": (2, 3), "b": (2,)}
+
+
+@pytest.fixture(autouse=True, scope="module")
+def task_identity():
+    """Messages need a run/node identity, as the in-process grid sets it."""
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+
+
+def model(value: float) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.full(s, value, np.float32)) for k, s in SHAPES.items()})
+
+
+def with_w(w: Array) -> ArrayRecord:
+    return ArrayRecord({"w": w, "b": Array(np.zeros(2, np.float32))})
+
+
+BAD_MODELS = {
+    "strings": (with_w(Array(np.full((2, 3), "x"))), "<U1"),
+    "complex": (with_w(Array(np.full((2, 3), 1j, np.complex64))), "complex64"),
+    "float64": (with_w(Array(np.zeros((2, 3), np.float64))), "float64"),
+    "shape": (with_w(Array(np.zeros((3, 2), np.float32))), "shape (3, 2)"),
+    "nan": (with_w(Array(np.full((2, 3), np.nan, np.float32))), "NaN"),
+    "unreadable": (with_w(Array(dtype="float32", shape=(2, 3), stype="numpy.ndarray", data=b"junk")),
+                   "cannot be read"),
+    "names": (ArrayRecord({"w": Array(np.zeros((2, 3), np.float32))}), "names differ"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_MODELS)
+def test_a_bad_reply_is_dropped_and_the_others_aggregate(name):
+    bad, reason = BAD_MODELS[name]
+    logs = []
+    strategy = FedAvg(ROSTER, seed=1, fraction_train=1.0, log=logs.append)
+    messages = list(strategy.configure_train(1, model(0.0), ConfigRecord(), None))
+    values = {101: 7.0, 102: 1.0, 103: 2.0}  # node 101 sends the bad reply instead of 7.0
+    replies = []
+    for msg in messages:
+        node = msg.metadata.dst_node_id
+        arrays = bad if node == 101 else model(values[node])
+        n = ROSTER.num_examples[{v: k for k, v in ROSTER.node_of.items()}[node]]
+        replies.append(Message(RecordDict({ARRAYS: arrays, METRICS: MetricRecord({NUM_EXAMPLES: n})}),
+                               reply_to=msg))
+    aggregated, _ = strategy.aggregate_train(1, replies)
+    assert aggregated is not None
+    expected = (30 * 1.0 + 60 * 2.0) / 90  # the two good replies, weighted by their examples
+    for key, shape in SHAPES.items():
+        np.testing.assert_allclose(aggregated[key].numpy(), np.full(shape, expected), rtol=1e-6)
+        assert aggregated[key].numpy().dtype == np.float32
+    assert len(logs) == 1 and "node 101" in logs[0] and reason in logs[0], logs
