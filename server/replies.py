@@ -67,4 +67,26 @@ def screen(replies: Iterable[Message], reference: ArrayRecord, max_examples: Cal
             log(f"dropping reply from node {msg.metadata.src_node_id}: {problem}")
         else:
             good.append(msg)
+    harmonise_metrics(good, log)
     return good
+
+
+def harmonise_metrics(replies: list[Message], log: Callable[[str], None]) -> None:
+    """Keep in each reply's MetricRecord only the number-valued metrics that every reply reports.
+
+    Flower raises when the replies' metric keys differ and cannot average a list against a number, so
+    one client's extra, missing or list-valued metric would crash the round; the model update itself is
+    fine and stays. Records are edited in place, so views of a reply (SCAFFOLD's) see the same metrics.
+    """
+    records = [next(r for r in m.content.values() if isinstance(r, MetricRecord)) for m in replies]
+    numbers = [{k for k, v in r.items() if not isinstance(v, list)} for r in records]
+    common = set.intersection(*numbers) if numbers else set()
+    dropped = sorted(set().union(*records) - common) if records else []
+    if not dropped:
+        return
+    lacking = {m.metadata.src_node_id: sorted(set(dropped) - n) for m, n in zip(replies, numbers) if set(dropped) - n}
+    log(f"metrics {dropped} left out of this round's aggregate (each must be a number in every reply); "
+        f"missing or not a number in the replies of nodes {lacking}")
+    for record in records:
+        for key in dropped:
+            record.pop(key, None)

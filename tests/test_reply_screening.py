@@ -62,3 +62,30 @@ def test_a_bad_reply_is_dropped_and_the_others_aggregate(name):
         np.testing.assert_allclose(aggregated[key].numpy(), np.full(shape, expected), rtol=1e-6)
         assert aggregated[key].numpy().dtype == np.float32
     assert len(logs) == 1 and "node 101" in logs[0] and reason in logs[0], logs
+
+
+METRIC_CASES = {  # node 101's metrics besides num-examples -> the round's aggregated metrics
+    "missing": ({}, {}),
+    "list": ({"train-loss": [1.0, 2.0]}, {}),
+    "extra": ({"train-loss": 1.0, "zzz": 3.0}, {"train-loss": 1.0}),
+    "nan": ({"train-loss": float("nan")}, {"train-loss": float("nan")}),  # DP-SGD with only empty batches
+}
+
+
+@pytest.mark.parametrize("name", METRIC_CASES)
+def test_odd_metrics_do_not_crash_the_round_or_drop_the_model(name):
+    """Flower raises on differing metric keys and cannot average a list: the model still aggregates."""
+    odd, expected = METRIC_CASES[name]
+    logs = []
+    strategy = FedAvg(ROSTER, seed=1, fraction_train=1.0, log=logs.append)
+    replies = []
+    for msg in strategy.configure_train(1, model(0.0), ConfigRecord(), None):
+        node = msg.metadata.dst_node_id
+        metrics = {NUM_EXAMPLES: 10, **(odd if node == 101 else {"train-loss": 1.0})}
+        replies.append(Message(RecordDict({ARRAYS: model(float(node)), METRICS: MetricRecord(metrics)}),
+                               reply_to=msg))
+    aggregated, metrics = strategy.aggregate_train(1, replies)
+    np.testing.assert_allclose(aggregated["w"].numpy(), np.full((2, 3), 102.0))  # all three, equal weights
+    assert sorted(metrics) == sorted(expected)
+    np.testing.assert_equal(dict(metrics), expected)
+    assert (len(logs) == 1) == (name != "nan"), logs
