@@ -84,8 +84,15 @@ def u64b(value: int) -> bytes:
     return check_u64("id", value).to_bytes(8, "big")
 
 
+def as_bytes(raw: Any, what: str = "field") -> bytes:
+    """A bytes field of a received record. Not bytes(raw): bytes(2**40) would allocate 2**40 zero bytes."""
+    if not isinstance(raw, bytes):
+        raise ValueError(f"{what} must be bytes, got {type(raw).__name__}")
+    return raw
+
+
 def from_u64b(raw: Any) -> int:
-    raw = bytes(raw)
+    raw = as_bytes(raw, "a u64")
     if len(raw) != 8:
         raise ValueError(f"expected 8 bytes for a u64, got {len(raw)}")
     return int.from_bytes(raw, "big")
@@ -96,7 +103,7 @@ def ids_bytes(ids) -> bytes:
 
 
 def ids_from_bytes(raw: Any) -> tuple[int, ...]:
-    raw = bytes(raw)
+    raw = as_bytes(raw, "an id list")
     if len(raw) % 8:
         raise ValueError("id list length is not a multiple of 8")
     return tuple(int.from_bytes(raw[k:k + 8], "big") for k in range(0, len(raw), 8))
@@ -131,10 +138,11 @@ def directory_fields(directory: Directory) -> dict[str, bytes]:
 
 def directory_from_fields(run_id: int, cfg: Mapping[str, Any]) -> Directory:
     ids = ids_from_bytes(cfg["directory-nodes"])
-    raw = bytes(cfg["directory-keys"])
+    raw = as_bytes(cfg["directory-keys"], "directory-keys")
     if len(raw) != 32 * len(ids):
         raise ValueError("directory keys do not match its node ids")
-    return Directory(run_id, bytes(cfg["server-key"]), {i: raw[32 * k:32 * (k + 1)] for k, i in enumerate(ids)})
+    return Directory(run_id, as_bytes(cfg["server-key"], "server-key"),
+                     {i: raw[32 * k:32 * (k + 1)] for k, i in enumerate(ids)})
 
 
 def words_record(words: np.ndarray) -> ArrayRecord:
@@ -156,7 +164,7 @@ def masked_update_from_content(content: RecordDict) -> tuple[MaskedUpdate, str]:
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise ValueError("metric-keys must be a list of strings")
     mu = MaskedUpdate(from_u64b(cfg["run"]), from_u64b(cfg["round"]), from_u64b(cfg["node"]),
-                      bytes(cfg["context"]), tuple(keys), words, bytes(cfg["tag"]))
+                      as_bytes(cfg["context"], "context"), tuple(keys), words, as_bytes(cfg["tag"], "tag"))
     return mu, str(cfg["layout"])
 
 
@@ -175,7 +183,7 @@ def mask_reveal_to_content(rev: MaskReveal) -> RecordDict:
 def mask_reveal_from_content(content: RecordDict) -> MaskReveal:
     cfg = content[RECORD]
     return MaskReveal(from_u64b(cfg["run"]), from_u64b(cfg["round"]), from_u64b(cfg["node"]),
-                      ids_from_bytes(cfg["dropped"]), content[VECTOR][WORDS].numpy(), bytes(cfg["tag"]))
+                      ids_from_bytes(cfg["dropped"]), content[VECTOR][WORDS].numpy(), as_bytes(cfg["tag"], "tag"))
 
 
 def failure_content(reason: str) -> RecordDict:
@@ -214,7 +222,7 @@ def unflatten(vector: np.ndarray, arrays_layout: list) -> ArrayRecord:
     """Inverse of `flatten` for a layout's [[name, dtype, shape], ...] (integer dtypes are rounded)."""
     out, offset = OrderedDict(), 0
     for key, dtype, shape in arrays_layout:
-        size = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        size = array_size(shape)
         seg = vector[offset:offset + size]
         offset += size
         dt = np.dtype(dtype)
@@ -226,9 +234,13 @@ def unflatten(vector: np.ndarray, arrays_layout: list) -> ArrayRecord:
     return ArrayRecord(out)
 
 
+def array_size(shape) -> int:
+    """Exact element count (Python ints: np.prod in int64 wraps, e.g. [2**32, 2**32] -> 0)."""
+    return math.prod(int(s) for s in shape)
+
+
 def layout_size(layout: Mapping[str, Any]) -> int:
-    return sum(int(np.prod(shape, dtype=np.int64)) if shape else 1
-               for rec in layout["records"] for _, _, shape in rec["arrays"])
+    return sum(array_size(shape) for rec in layout["records"] for _, _, shape in rec["arrays"])
 
 
 def encode_reply(reply: RecordDict, instruction: RecordDict, unit_records: set[str],
@@ -309,7 +321,7 @@ def handle_enroll(msg: Message, context: Context, config: Mapping[str, Any], num
     params = secagg_params(config)
     cfg = msg.content[RECORD]
     run_id = from_u64b(cfg["run"])
-    if bytes(cfg["params"]) != params.fingerprint():
+    if as_bytes(cfg["params"], "params") != params.fingerprint():
         raise SecureAggregationRefused(
             "the server's secure-aggregation parameters differ from this node's run config "
             "(secagg-bits, secagg-clip, secagg-min-survivors, num-clients)")
@@ -351,7 +363,7 @@ def secure_train(rule: Rule, client: Any, msg: Message, context: Context) -> Mes
         sa.on_directory(directory)
         digest = directory_digest(directory)
         _save(context, sa, digest)
-    if digest != bytes(cfg["directory-digest"]):
+    if digest != as_bytes(cfg["directory-digest"], "directory-digest"):
         raise SecureAggregationRefused("the announced key directory differs from the one this node holds")
     round_ = from_u64b(cfg["round"])
     selected = ids_from_bytes(cfg["selected"])

@@ -20,18 +20,25 @@ Messages and round trips
 * A round, nobody drops: ONE round trip. Each train message gets a `secagg`
   ConfigRecord: protocol run id, round t (this grid's own counter, strictly
   increasing), the selected set (the nodes the strategy addressed), the weight
-  scale (the largest enrolled training-set size), the records to weight by 1
+  scale (the largest enrolled training-set size; sizes are self-reported, as in
+  plaintext FedAvg, so a node claiming a huge one shrinks every other weight
+  towards the fixed-point step), the records to weight by 1
   instead of by examples, and the directory digest (plus the directory itself
   when needed). Each node replies with one masked vector of uint32/uint64 words
   instead of its records (`client/secagg.py` for what it encodes).
-* Dropouts: nodes that did not reply in time, replied with an error, or sent
-  anything malformed (a bad layout, a vector that fails authentication or has
-  the wrong length, a value out of the codec range reported by the client)
-  are dropped for the round, with a log line naming the node and the reason.
-  If at least `secagg-min-survivors` remain, ONE more round trip
+* Dropouts: nodes that did not reply in time, replied with an error, or
+  replied without a vector (a value out of the codec range, reported by the
+  client) are dropped for the round, with a log line naming the node and the
+  reason. If at least `secagg-min-survivors` remain, ONE more round trip
   (`query.secagg_reveal`) asks every survivor for its summed masks with the
   dropped nodes; otherwise, or if a survivor does not reveal, the round is
   aborted: the strategy gets no reply and the model stays unchanged.
+* A vector that arrives but cannot be summed (malformed, fails
+  authentication, a layout or metric names other than the round's most
+  common ones) is never treated as a dropout: the server holds it, and the
+  survivors' reveals would unmask it. The round aborts instead (model
+  unchanged) and its sender is left out of later rounds, so that one node
+  cannot abort them all.
 
 The synthetic replies (the convention)
 --------------------------------------
@@ -82,6 +89,7 @@ import copy
 import json
 import secrets
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Mapping
 
@@ -93,8 +101,11 @@ from client.secagg import (
     ENROLL_TYPE,
     RECORD,
     REVEAL_TYPE,
+    VECTOR,
+    as_bytes,
     directory_digest,
     directory_fields,
+    array_size,
     flatten,
     from_u64b,
     ids_bytes,
@@ -108,7 +119,7 @@ from client.secagg import (
     unflatten,
 )
 from common.records import NUM_EXAMPLES
-from common.secagg import EnrollRequest, ProtocolError, RoundAborted, SecAggServer
+from common.secagg import EnrollRequest, MaskedUpdate, RoundAborted, SecAggServer
 from server.delegating_grid import DelegatingGrid
 
 # Records that enter the sum with weight 1 instead of the client's examples,
@@ -162,7 +173,7 @@ class SecureAggregationGrid(DelegatingGrid):
         self.enrollments = 0  # enrollment round trips so far
         self.report = RoundReport()
         self._has_directory: set[int] = set()
-        self._layout: str | None = None
+        self.excluded: dict[int, str] = {}  # node -> why: its vector was unusable (see _refuse)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
@@ -212,14 +223,15 @@ class SecureAggregationGrid(DelegatingGrid):
                 continue
             try:
                 cfg = reply.content[RECORD]
-                req = EnrollRequest(from_u64b(cfg["run"]), from_u64b(cfg["node"]), bytes(cfg["public-key"]))
+                req = EnrollRequest(from_u64b(cfg["run"]), from_u64b(cfg["node"]),
+                                    as_bytes(cfg["public-key"], "public-key"))
                 if req.node_id != src:
                     raise ValueError(f"enrollment names node {req.node_id}")
-                n_ex = int(cfg["num-examples"])
-                if n_ex < 0:
-                    raise ValueError(f"negative num-examples {n_ex}")
+                n_ex = cfg["num-examples"]
+                if isinstance(n_ex, bool) or not isinstance(n_ex, int) or n_ex < 0:
+                    raise ValueError(f"num-examples must be a non-negative integer, got {n_ex!r}")
                 self.server.enroll(req)
-            except (KeyError, ValueError, TypeError, ProtocolError) as exc:
+            except Exception as exc:  # adversarial content can raise anything: never crash on one reply
                 self.log(f"secure aggregation: node {src} sent a bad enrollment: {exc}")
                 continue
             self.num_examples[src] = n_ex
@@ -265,8 +277,10 @@ class SecureAggregationGrid(DelegatingGrid):
             if bool(rec["unit"]) != (name in self.unit_records):
                 raise ValueError(f"record {name!r} is weighted differently from the announcement")
             for key, dtype, shape in rec["arrays"]:
-                np.dtype(dtype)
-                if not isinstance(key, str) or not all(isinstance(s, int) and s >= 0 for s in shape):
+                if np.dtype(dtype).kind not in "fiub":  # the sum decodes to numbers only
+                    raise ValueError(f"array {key!r} has dtype {dtype!r}, not a number type")
+                if not isinstance(key, str) or not isinstance(shape, list) or not all(
+                        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
                     raise ValueError(f"bad array entry {key!r}")
             if rec["delta"]:
                 ref = refs.get(name)
@@ -288,14 +302,15 @@ class SecureAggregationGrid(DelegatingGrid):
         self.round += 1
         t = self.round
         report = self.report = RoundReport(round=t)
-        left_out = sorted(n for n in by_node if n not in self.server.enrolled)
-        for n in left_out:
-            report.problems[n] = "not enrolled in secure aggregation"
-            self.log(f"secure aggregation round {t}: node {n} is not enrolled; left out")
-        selected = tuple(sorted(n for n in by_node if n in self.server.enrolled))
+        for n in sorted(by_node):
+            why = "not enrolled in secure aggregation" if n not in self.server.enrolled else self.excluded.get(n)
+            if why:
+                report.problems[n] = why
+                self.log(f"secure aggregation round {t}: node {n} is left out ({why})")
+        selected = tuple(sorted(n for n in by_node if n not in report.problems))
         report.selected = selected
         if len(selected) < self.params.min_survivors:
-            report.aborted = f"{len(selected)} enrolled nodes selected, fewer than {self.params.min_survivors}"
+            report.aborted = f"{len(selected)} usable nodes selected, fewer than {self.params.min_survivors}"
             self.log(f"secure aggregation round {t}: aborted ({report.aborted}); the model stays unchanged")
             return []
         by_node = {n: by_node[n] for n in selected}
@@ -314,44 +329,7 @@ class SecureAggregationGrid(DelegatingGrid):
                                group_id=m.metadata.group_id))
         replies = list(self.inner.send_and_receive(out, timeout=timeout))
         report.round_trips = 1
-        accepted: dict[int, Message] = {}
-        errors: list[Message] = []  # passed up as they are: an error carries no data (e.g. a budget refusal)
-        layout: dict[str, Any] | None = None
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if node not in by_node or node in accepted or node in report.problems:
-                self.log(f"secure aggregation round {t}: ignoring an unexpected reply from node {node}")
-                continue
-            problem = None
-            if reply.has_error():
-                problem = f"client error: {_short(reply.error.reason)}"
-                errors.append(reply)
-            else:
-                try:
-                    cfg = reply.content[RECORD]
-                    if "error" in cfg:
-                        problem = f"client could not mask its update: {_short(str(cfg['error']))}"
-                    else:
-                        mu, layout_json = masked_update_from_content(reply.content)
-                        if mu.node_id != node:
-                            raise ValueError(f"the masked update names node {mu.node_id}")
-                        if self._layout is not None and layout_json != self._layout:
-                            raise ValueError("its layout differs from the other replies'")
-                        parsed = self._check_layout(layout_json, refs)
-                        if mu.masked.shape != (layout_size(parsed) + 1 + len(mu.metric_keys),):
-                            raise ValueError("its vector length does not match its layout")
-                        self.server.receive(mu)
-                        self._layout = layout_json
-                        layout = parsed
-                except (KeyError, ValueError, TypeError, ProtocolError) as exc:
-                    problem = f"malformed masked update ({type(exc).__name__}: {_short(str(exc))})"
-            if problem:
-                report.problems[node] = problem
-                self._has_directory.discard(node)
-                self.log(f"secure aggregation round {t}: dropping node {node}: {problem}")
-            else:
-                accepted[node] = reply
-                self._has_directory.add(node)
+        accepted, errors, layout = self._collect(replies, by_node, refs, report)
         for n in self.server.pending():
             if n not in report.problems:
                 report.problems[n] = "no reply before the timeout"
@@ -369,9 +347,90 @@ class SecureAggregationGrid(DelegatingGrid):
             self.log(f"secure aggregation: {exc}; the model stays unchanged")
             return errors
         report.survivors, report.dropped = tuple(result.survivors), tuple(result.dropped)
-        replies_out = self._synthetic_replies(result, layout, refs, accepted)
+        try:
+            replies_out = self._synthetic_replies(result, layout, refs, accepted)
+        except Exception as exc:  # the layout passed every check; still, a failure must not touch the model
+            report.aborted = f"decoding failed: {type(exc).__name__}: {_short(str(exc))}"
+            self.log(f"secure aggregation round {t}: {report.aborted}; the model stays unchanged")
+            return errors
         report.seconds_decode = time.perf_counter() - t0
         return replies_out + errors
+
+    def _collect(self, replies: list[Message], by_node: dict[int, Message], refs: dict[str, ArrayRecord],
+                 report: RoundReport) -> tuple[dict[int, Message], list[Message], dict[str, Any] | None]:
+        """Sum the round's masked vectors: (accepted replies, error replies, their layout).
+
+        A reply without a vector (a client error, or a client that could not mask) drops its node for the
+        round. A reply WITH a vector is either summed or aborts the round (`SecAggServer.refuse`): the
+        server holds that vector, so revealing its sender's masks would unmask it. Its sender is also
+        excluded from later rounds, so one node cannot abort every round. The layout (and metric names)
+        every vector must share is the most common one of the round, not the first to arrive.
+        """
+        t = report.round
+        errors: list[Message] = []  # passed up as they are: an error carries no data (e.g. a budget refusal)
+        parsed: dict[int, tuple[MaskedUpdate, dict[str, Any], Message]] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if node not in by_node or node in parsed or node in report.problems:
+                self.log(f"secure aggregation round {t}: ignoring an unexpected reply from node {node}")
+            elif reply.has_error():
+                errors.append(reply)
+                self._drop(node, f"client error: {_short(reply.error.reason)}", report)
+            elif VECTOR not in reply.content:
+                cfg = reply.content.get(RECORD)
+                reason = cfg.get("error", "no masked vector") if isinstance(cfg, ConfigRecord) else "no masked vector"
+                self._drop(node, f"client could not mask its update: {_short(str(reason))}", report)
+            else:
+                try:
+                    parsed[node] = (*self._parse(reply, node, refs), reply)
+                except Exception as exc:  # adversarial content can raise anything from numpy, json, ...
+                    self._exclude(node, f"malformed: {type(exc).__name__}: {_short(str(exc))}", report)
+        shape = _majority({n: _signature(mu, layout) for n, (mu, layout, _) in parsed.items()})
+        if parsed and shape is None:
+            self.server.abort("the masked updates disagree on their layout and none is the most common")
+        for node, (mu, node_layout, _) in parsed.items():
+            if shape is not None and _signature(mu, node_layout) != shape:
+                self._exclude(node, "its layout or metric names differ from the round's most common ones", report)
+        accepted: dict[int, Message] = {}
+        layout = None
+        for node, (mu, node_layout, reply) in parsed.items():
+            if not self.server.collecting():  # aborted: the rest are neither summed nor at fault
+                break
+            if node in report.problems:
+                continue
+            try:
+                self.server.receive(mu)
+            except Exception as exc:  # a ProtocolError, or anything else: never crash on one reply
+                self._exclude(node, f"{type(exc).__name__}: {_short(str(exc))}", report)
+                continue
+            accepted[node], layout = reply, node_layout
+            self._has_directory.add(node)
+        return accepted, errors, layout
+
+    def _parse(self, reply: Message, node: int, refs: dict[str, ArrayRecord]) -> tuple[MaskedUpdate, dict[str, Any]]:
+        mu, layout_json = masked_update_from_content(reply.content)
+        if mu.node_id != node:
+            raise ValueError(f"the masked update names node {mu.node_id}")
+        layout = self._check_layout(layout_json, refs)
+        if mu.masked.shape != (layout_size(layout) + 1 + len(mu.metric_keys),):
+            raise ValueError("its vector length does not match its layout")
+        return mu, layout
+
+    def _drop(self, node: int, problem: str, report: RoundReport) -> None:
+        """Node `node` sent no vector this round: it is dropped (its masks may be revealed)."""
+        report.problems[node] = problem
+        self._has_directory.discard(node)
+        self.log(f"secure aggregation round {report.round}: dropping node {node}: {problem}")
+
+    def _exclude(self, node: int, problem: str, report: RoundReport) -> None:
+        """Node `node`'s vector arrived but cannot be summed: abort the round and exclude the node."""
+        report.problems[node] = f"unusable masked update ({problem})"
+        self._has_directory.discard(node)
+        self.excluded[node] = f"its masked update in round {report.round} was unusable: {problem}"
+        self.server.refuse(node, problem)
+        self.log(f"secure aggregation round {report.round}: the masked update of node {node} is unusable "
+                 f"({problem}); the round aborts (revealing its masks would unmask it) and the node is left out "
+                 "of later rounds")
 
     def _reveal(self, request, timeout: float | None, report: RoundReport) -> None:
         t = request.round
@@ -390,7 +449,7 @@ class SecureAggregationGrid(DelegatingGrid):
                 if rev.node_id != node:
                     raise ValueError(f"the reveal names node {rev.node_id}")
                 self.server.receive_reveal(rev)
-            except (KeyError, ValueError, TypeError, ProtocolError) as exc:
+            except Exception as exc:  # a ProtocolError, or anything malformed: never crash on one reply
                 self.log(f"secure aggregation round {t}: bad mask reveal from node {node}: {_short(str(exc))}")
         self.server.declare_reveal_timeout()
 
@@ -403,7 +462,7 @@ class SecureAggregationGrid(DelegatingGrid):
         records: dict[str, ArrayRecord] = {}
         offset = 0
         for rec in layout["records"]:
-            size = sum(int(np.prod(shape, dtype=np.int64)) if shape else 1 for _, _, shape in rec["arrays"])
+            size = sum(array_size(shape) for _, _, shape in rec["arrays"])
             seg = values[offset:offset + size]
             offset += size
             if rec["unit"]:
@@ -432,3 +491,15 @@ class SecureAggregationGrid(DelegatingGrid):
 def _short(text: str, limit: int = 300) -> str:
     text = " ".join(str(text).split())
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _signature(mu: MaskedUpdate, layout: dict[str, Any]) -> tuple[str, tuple[str, ...]]:
+    return json.dumps(layout, sort_keys=True), tuple(mu.metric_keys)
+
+
+def _majority(signatures: dict[int, Any]) -> Any:
+    """The most common value, or None if there is none or it is tied (nobody can tell who is wrong)."""
+    ranked = Counter(signatures.values()).most_common(2)
+    if not ranked or (len(ranked) == 2 and ranked[0][1] == ranked[1][1]):
+        return None
+    return ranked[0][0]

@@ -10,7 +10,7 @@ from typing import Iterable
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.serverapp import Grid
 
@@ -153,16 +153,18 @@ def test_server_never_receives_an_unmasked_update(plain, secure):
     assert kinds == {"query.enroll", "query.secagg_enroll", MessageType.TRAIN}
 
 
-def test_dropout_mid_round_is_recovered(tmp_path, plain):
-    # round 2: node of partition 1 loses its reply (timeout); round 3: partition 2's vector is corrupted
+def test_dropout_is_recovered_and_an_unusable_vector_aborts(tmp_path, plain):
+    # round 2: partition 1's reply is lost (timeout): dropped, its masks revealed, the round completes.
+    # round 3: partition 2's vector arrives corrupted: the server holds it, so revealing its masks would
+    # unmask it; the round aborts (model unchanged) and the node is left out of round 4.
     out, rows, rec, config = run(tmp_path, "drop", {"drop": {2: 1}, "corrupt": {3: 2}},
-                                 **{"secure-aggregation": True})
-    assert [r["round"] for r in rows] == [1, 2, 3]
-    assert [(r["clients"], r["secagg_survivors"], r["secagg_round_trips"]) for r in rows] == [(4, 4, 1), (4, 3, 2),
-                                                                                              (4, 3, 2)]
+                                 **{"secure-aggregation": True, "num-rounds": 4})
+    assert [r["round"] for r in rows] == [1, 2, 3, 4]
+    assert [(r["secagg_survivors"], r["secagg_round_trips"]) for r in rows] == [(4, 1), (3, 2), (0, 1), (3, 1)]
     reveals = [r for r in rec.received if r.metadata.message_type == "query.secagg_reveal"]
-    assert len(reveals) == 6 and not any(r.has_error() for r in reveals)  # 3 survivors, twice
-    assert rows[1]["accuracy"] > 0.3 and rows[2]["accuracy"] >= rows[1]["accuracy"] - 0.05
+    assert len(reveals) == 3 and not any(r.has_error() for r in reveals)  # round 2's 3 survivors only
+    assert rows[1]["accuracy"] > 0.3 and rows[2]["accuracy"] == rows[1]["accuracy"]
+    assert rows[3]["accuracy"] >= rows[2]["accuracy"] - 0.05
     assert all(np.isfinite(v).all() for v in model(out).values())
 
 
@@ -272,3 +274,84 @@ def test_every_weighted_sum_strategy_runs_unchanged(tmp_path, overrides):
     for key, a in model(out_p).items():
         np.testing.assert_allclose(model(out_s)[key], a, atol=2e-4, err_msg=key)
     assert [r["accuracy"] for r in rows_s] == pytest.approx([r["accuracy"] for r in rows_p], abs=5e-3)
+
+
+def _tamper_train(mode: str, reply: Message) -> None:
+    cfg = reply.content[RECORD]
+    if mode == "empty vector":
+        reply.content[VECTOR] = ArrayRecord({WORDS: Array(dtype="<u4", shape=(3,), stype="numpy.ndarray",
+                                                          data=b"")})
+    elif mode == "int node id":  # bytes(2**70) would try to allocate 2**70 bytes
+        cfg["node"] = 2 ** 70
+    elif mode == "huge layout":  # np.prod in int64 wraps [2**32, 2**32] to 0
+        layout = json.loads(str(cfg["layout"]))
+        layout["records"].append({"name": "x", "delta": False, "unit": False, "arrays": [["a", "<f4", [2**32, 2**32]]]})
+        cfg["layout"] = json.dumps(layout)
+    elif mode == "deep json":
+        cfg["metric-keys"] = "[" * 100_000
+    elif mode == "string dtype":
+        layout = json.loads(str(cfg["layout"]))
+        layout["records"][0]["arrays"][0][1] = "<U1"
+        cfg["layout"] = json.dumps(layout)
+    elif mode == "same layout, other whitespace":  # not a fault: layouts compare parsed
+        cfg["layout"] = json.dumps(json.loads(str(cfg["layout"])), indent=1)
+
+
+class Tamper(Recorder):
+    """Tampers with the first train reply of round 1 only."""
+
+    def __init__(self, inner, mode):
+        super().__init__(inner)
+        self.mode = mode
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = super().send_and_receive(messages, timeout=timeout)
+        if self.train_round == 1 and messages and messages[0].metadata.message_type == MessageType.TRAIN:
+            _tamper_train(self.mode, replies[0])
+        return replies
+
+
+@pytest.mark.parametrize("mode", ["empty vector", "int node id", "huge layout", "deep json", "string dtype",
+                                  "same layout, other whitespace"])
+def test_one_hostile_reply_never_crashes_the_server_or_unmasks_anyone(mode):
+    config = validate({**BASE, "num-rounds": 2, "secure-aggregation": True})
+    with InProcessGrid(CLIENT_APP, dict(config), 4) as grid:
+        rec = Tamper(grid, mode)
+        secure = SecureAggregationGrid(rec, config, log=lambda s: None)
+        secure.enroll(10.0)
+        model = model_to_arrays(initial_model(config))
+
+        def one_round(server_round):
+            msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": server_round})}),
+                            dst_node_id=n, message_type=MessageType.TRAIN) for n in grid.get_node_ids()]
+            return list(secure.send_and_receive(msgs, timeout=30)), secure.report
+
+        replies, report = one_round(1)
+        if mode.startswith("same layout"):
+            assert len(replies) == 4 and not report.problems and not secure.excluded
+            return
+        bad = next(r.metadata.src_node_id for r in rec.received if r.metadata.message_type == MessageType.TRAIN)
+        assert replies == [] and report.aborted and list(report.problems) == [bad]  # no model from round 1
+        assert bad in secure.excluded
+        assert not any(r.metadata.message_type == "query.secagg_reveal" for r in rec.received)  # nobody unmasked
+        replies, report = one_round(2)  # the node is left out; the other three aggregate
+        assert len(replies) == 3 and report.survivors == tuple(sorted(set(grid.get_node_ids()) - {bad}))
+
+
+def test_a_bad_enrollment_is_refused_without_crashing():
+    config = validate({**BASE, "num-rounds": 1, "secure-aggregation": True})
+
+    class BadEnroll(Recorder):
+        def send_and_receive(self, messages, *, timeout=None):
+            replies = list(self.inner.send_and_receive(list(messages), timeout=timeout))
+            if replies and replies[0].metadata.message_type == "query.secagg_enroll":
+                replies[0].content[RECORD]["num-examples"] = float("inf")
+                replies[1].content[RECORD]["public-key"] = 2 ** 40
+            return replies
+
+    with InProcessGrid(CLIENT_APP, dict(config), 4) as grid:
+        logs = []
+        secure = SecureAggregationGrid(BadEnroll(grid), config, log=logs.append)
+        secure.enroll(10.0)
+        assert len(secure.server.enrolled) == 2
+        assert sum("bad enrollment" in line for line in logs) == 2

@@ -300,10 +300,34 @@ def test_server_rejects_unexpected_and_malformed_messages():
         server.receive(dataclasses.replace(m, masked=m.masked.astype(np.uint32)))
     with pytest.raises(UnexpectedSenderError):  # no reveal requested
         server.receive_reveal(MaskReveal(RUN, 1, sel[1], (sel[0],), m.masked, b"x" * 16))
+    server.receive(m)
+    # an authentic vector of the wrong length is here, so its sender cannot be dropped and its masks
+    # revealed (that would unmask it): the round aborts
     short = clients[sel[2]].masked_update(1, sel, ups[sel[2]][0][:10], 1.0, ups[sel[2]][2])
     with pytest.raises(MalformedMessageError, match="length"):
         server.receive(short)
-    server.receive(m)
+    assert server.declare_dropped() is None
+    with pytest.raises(RoundAborted, match="cannot be used"):
+        server.result()
+    for n in sel[3:]:
+        with pytest.raises(RoundClosedError):
+            server.receive(clients[n].masked_update(1, sel, *ups[n]))
+
+
+def test_a_refused_node_is_never_a_reveal_target():
+    """The grid refuses a vector it received but cannot use (e.g. its layout is not the round's): the
+    round aborts, so no survivor is ever asked for its masks with that node."""
+    server, clients = federation(4)
+    rng = np.random.default_rng(11)
+    ids = sorted(clients)
+    ups = make_updates(clients, 20, rng)
+    server.start_round(1, ids, dim=20)
+    for n in ids[:3]:
+        server.receive(clients[n].masked_update(1, ids, *ups[n]))
+    server.refuse(ids[3], "its layout differs")
+    assert not server.collecting() and server.declare_dropped() is None
+    with pytest.raises(RoundAborted, match=f"node {ids[3]}"):
+        server.result()
 
 
 def test_server_round_and_selection_validation():

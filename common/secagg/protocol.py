@@ -73,8 +73,13 @@ and secret sharing (Bonawitz et al.'s double masking, which costs extra round
 trips every round) an actively malicious server can still learn x_j by
 *falsely* declaring a client j dropped after receiving its vector, or by
 telling different survivors different dropped sets; the client-side rules
-above make it impossible without such lies, and the honest server's
-`LateReplyError` rule means it never holds a dropped client's vector.
+above make it impossible without such lies. The honest server never holds a
+dropped client's vector: a late reply is refused (`LateReplyError`), and a
+vector that arrives but cannot be used aborts the round (`refuse`) instead of
+dropping its sender. The residual risk is the transport: in Flower's
+deployment runtime a reply that misses the timeout is still stored by the
+SuperLink, where whoever runs it could read it and, after the reveals,
+unmask it. Double masking would close that, at extra round trips per round.
 Public keys are relayed without a PKI (see `keys.py`).
 """
 
@@ -629,7 +634,9 @@ class SecAggServer:
         Raises (state unchanged): WrongRunError, ReplayError (another round),
         UnexpectedSenderError (not selected), LateReplyError (sender already
         declared dropped), DuplicateError, RoundClosedError, ContextMismatchError,
-        MalformedMessageError, AuthenticationError.
+        AuthenticationError. An authentic update of the wrong shape (metric
+        names or length) raises MalformedMessageError and aborts the round
+        (`refuse`): its sender's masks must never be revealed.
         """
         if not isinstance(msg, MaskedUpdate):
             raise MalformedMessageError(f"expected a MaskedUpdate, got {type(msg).__name__}")
@@ -657,20 +664,11 @@ class SecAggServer:
                 " (replayed, relabelled or altered)"
             )
         keys = tuple(msg.metric_keys)
-        if r.metric_keys is not None and keys != r.metric_keys:
-            raise MalformedMessageError(
-                f"node {node} sent metrics {list(keys)}, others sent {list(r.metric_keys)}"
-            )
+        problem = self._shape_problem(r, node, keys, words.shape[0])
+        if problem:  # authentic, so node's vector is here: never reveal its masks (see refuse)
+            self.refuse(node, problem)
+            raise MalformedMessageError(problem)
         length = words.shape[0]
-        expected = r.length
-        if expected is None and r.dim is not None:
-            expected = r.dim + 1 + len(keys)
-        if expected is not None and length != expected:
-            raise MalformedMessageError(
-                f"masked vector of node {node} has length {length}, expected {expected}"
-            )
-        if length < 1 + len(keys):
-            raise MalformedMessageError(f"masked vector of node {node} is too short")
         # accept
         r.metric_keys = keys
         r.length = length
@@ -679,6 +677,21 @@ class SecAggServer:
         else:
             np.add(r.acc, words, out=r.acc)
         r.received.add(node)
+
+    @staticmethod
+    def _shape_problem(r: _Round, node: int, keys: tuple[str, ...], length: int) -> str:
+        if r.metric_keys is not None and keys != r.metric_keys:
+            return f"node {node} sent metrics {list(keys)}, others sent {list(r.metric_keys)}"
+        expected = r.length if r.length is not None else (None if r.dim is None else r.dim + 1 + len(keys))
+        if expected is not None and length != expected:
+            return f"masked vector of node {node} has length {length}, expected {expected}"
+        if length < 1 + len(keys):
+            return f"masked vector of node {node} is too short"
+        return ""
+
+    def collecting(self) -> bool:
+        """Whether the current round still takes masked updates (not aborted, not past the dropout cut)."""
+        return self._r is not None and self._r.phase is Phase.COLLECTING
 
     def pending(self) -> frozenset[int]:
         """Nodes whose reply the current phase still awaits (masked updates or reveals)."""
@@ -763,6 +776,19 @@ class SecAggServer:
         missing = sorted(set(r.survivors) - r.revealed)
         if missing:
             self._abort(r, f"survivors {missing} did not reveal their masks with the dropped nodes")
+
+    def refuse(self, node: int, reason: str) -> None:
+        """A selected node's masked vector reached the server but cannot be summed (malformed, fails
+        authentication, disagrees with the others' layout): abort the round.
+
+        Never drop such a node: the server holds its vector y, and y plus the survivors' reveals of
+        their masks with it is its unmasked update. Without Bonawitz et al.'s self-masks the only safe
+        outcome is no result for the round; result() raises RoundAborted.
+        """
+        r = self._r
+        if r is not None and node in r.selected and r.phase is not Phase.DONE:
+            self._abort(r, f"the masked update of node {node} arrived but cannot be used ({reason}); its "
+                           "masks cannot be revealed without unmasking it")
 
     def abort(self, reason: str) -> None:
         """Abort the current round (e.g. the caller gives up); result() will raise RoundAborted."""
