@@ -62,7 +62,6 @@ class LocalClient:
     def __init__(self, config: RunConfig, partition: int, run_id: int = 0, node_config: dict | None = None):
         self.config, self.partition = config, partition
         self.run_id, self.node_config = run_id, dict(node_config or {})
-        self._ledger = None
         self.device = pick_device(str(config["device"]))
         data = load_client(config, partition)
         self.num_train = data.num_train
@@ -75,12 +74,11 @@ class LocalClient:
 
     @property
     def ledger(self):
-        """This partition's privacy ledger for this run (opened from disk once per process)."""
-        if self._ledger is None:
-            from client.privacy import open_ledger
+        """This partition's privacy ledger for this run, read from disk on every access: other processes
+        (Ray actors) serving this partition record in the same file, so a copy kept here goes stale."""
+        from client.privacy import open_ledger
 
-            self._ledger = open_ledger(self.config, self.node_config, self.run_id, self.partition)
-        return self._ledger
+        return open_ledger(self.config, self.node_config, self.run_id, self.partition)
 
 
 _local: dict[tuple, LocalClient] = {}

@@ -6,13 +6,20 @@ directory (`state-dir` node or run config; else `$PRIVFED_STATE_DIR`; else
 ledger, never a fresh one. `charge` is the only way to spend privacy: it
 refuses an instruction whose entries would take epsilon past `target-epsilon`
 and records the entries (saved atomically) before the update is released.
+
+Several processes may serve the same partition (Flower's simulation hands any
+node's message to any idle Ray actor), so the file, not an object in memory, is
+the ledger: `charge` decides and records under an exclusive lock, on the ledger
+reloaded from disk.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 from pathlib import Path
-from typing import Mapping
+from typing import Iterator, Mapping
 
 from flwr.app import Error, Message
 
@@ -41,7 +48,31 @@ def ledger_path(config: Mapping, node_config: Mapping, run_id: int, partition: i
 
 
 def open_ledger(config: Mapping, node_config: Mapping, run_id: int, partition: int) -> PrivacyLedger:
-    return PrivacyLedger.open(ledger_path(config, node_config, run_id, partition), owner=f"partition-{partition}")
+    path = ledger_path(config, node_config, run_id, partition)
+    with file_lock(path):  # opening creates a missing file: never over another process's first record
+        return PrivacyLedger.open(path, owner=f"partition-{partition}")
+
+
+@contextlib.contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on the ledger file `path`, across processes. It locks a lock file beside it:
+    every save replaces the ledger file itself, so a lock on that would not be held by the next."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on an exception
+        yield
+
+
+@contextlib.contextmanager
+def locked(ledger: PrivacyLedger) -> Iterator[PrivacyLedger]:
+    """`ledger` reloaded from its file under the file's lock, so a check and a record made inside see
+    every other process's entries and lose none (a ledger without a file is yielded as it is)."""
+    if ledger.path is None:
+        yield ledger
+        return
+    with file_lock(ledger.path):
+        ledger.reload()
+        yield ledger
 
 
 def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry]) -> None:
@@ -49,13 +80,14 @@ def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry]) -
     if not entries:
         return
     target, delta = float(config["target-epsilon"]), float(config["target-delta"])
-    if target > 0 and ledger.would_exceed(entries, target, delta, accountant=str(config["accountant"])):
-        spent = ledger.epsilon(delta, accountant=str(config["accountant"]))
-        raise BudgetExhausted(
-            f"refused: this round would take epsilon past the target {target} at delta {delta} "
-            f"(spent so far {spent:.4f}, {config['accountant']} accountant)"
-        )
-    ledger.record(*entries)
+    with locked(ledger):
+        if target > 0 and ledger.would_exceed(entries, target, delta, accountant=str(config["accountant"])):
+            spent = ledger.epsilon(delta, accountant=str(config["accountant"]))
+            raise BudgetExhausted(
+                f"refused: this round would take epsilon past the target {target} at delta {delta} "
+                f"(spent so far {spent:.4f}, {config['accountant']} accountant)"
+            )
+        ledger.record(*entries)  # saved atomically before the lock is released
 
 
 def refusal(msg: Message, error: BudgetExhausted) -> Message:

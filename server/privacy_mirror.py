@@ -1,7 +1,8 @@
 """The server's mirror of every client's privacy ledger.
 
 Clients own their ledgers; the server keeps the same entries for planning and
-reporting. For each instruction a client did not refuse, the mirror records
+reporting. For each update a client may have released (a reply without error,
+or no reply at all: see `server.runner.account_round`), the mirror records
 `planned_entries` (the client recorded the same before training, or refused),
 so the reported epsilon is an upper bound computed by an accountant call on
 the events that happened, never a running sum.

@@ -55,20 +55,36 @@ def retire(strategy, partition: int) -> None:
     strategy.retire(partition)
 
 
-def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, replies, log) -> None:
-    """Mirror the privacy spent by every instruction not refused; retire refusing clients."""
+def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, replies, log,
+                  sent: set[int] | None = None) -> None:
+    """Mirror the privacy each instruction spent; retire refusing clients.
+
+    Privacy is spent when an update is released. A reply without error: released, recorded. An error
+    reply (a budget refusal, or a client that failed before releasing): nothing recorded. No reply (a
+    timeout, a dropped node): the update may have left the client, so it is recorded (an upper bound).
+    Under secure aggregation each survivor has one (synthetic) reply, a client error its own error
+    reply, and a node dropped or in an aborted round none. `sent`: the nodes the instruction reached,
+    where the grid left some out; None: all."""
     partition_of = {node: p for p, node in roster.node_of.items()}
-    refused = {r.metadata.src_node_id: r.error.reason for r in replies
-               if r.has_error() and r.error.code == BUDGET_EXHAUSTED}
+    errors = {r.metadata.src_node_id: r.error for r in replies if r.has_error()}
     for msg in messages:
         node = msg.metadata.dst_node_id
-        partition = partition_of[node]
-        if node in refused:
-            log(f"partition {partition} (node {node}) refused: {refused[node]}; it is no longer selected")
+        partition, error = partition_of[node], errors.get(node)
+        if error is not None and error.code == BUDGET_EXHAUSTED:
+            log(f"partition {partition} (node {node}) refused: {error.reason}; it is no longer selected")
             retire(strategy, partition)
-        else:
+        elif error is None and (sent is None or node in sent):
             mirror.record(partition, planned_entries(config, msg.content[CONFIG],
                                                      dataset_size=roster.num_examples[partition]))
+
+
+def instructed(grid: Grid, metered: MeteredGrid) -> set[int] | None:
+    """The nodes the round's train instructions reached (None: all). Secure aggregation sends none to a
+    node it leaves out (not enrolled, excluded) and none at all when too few nodes are usable."""
+    if grid is metered:
+        return None
+    report = grid.report
+    return set(report.selected) if report.round_trips else set()
 
 
 def run_federation(grid: Grid, config: RunConfig, console: Console | None = None) -> Path:
@@ -112,7 +128,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             break
         messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))
         replies = list(grid_for_strategy.send_and_receive(messages, timeout=float(config["round-timeout"])))
-        account_round(config, strategy, roster, mirror, messages, replies, log)
+        account_round(config, strategy, roster, mirror, messages, replies, log,
+                      instructed(grid_for_strategy, metered))
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
         if aggregated is not None:
             arrays = aggregated

@@ -270,6 +270,14 @@ class PrivacyLedger:
             obj = json.load(f)
         return cls.from_json(obj, path=p)
 
+    def reload(self) -> None:
+        """Replace the entries with those in the bound file: another process may have recorded since.
+        A bound ledger whose file does not exist yet keeps its entries (its first `record` writes it)."""
+        if self.path is None:
+            raise ValueError("the ledger is not bound to a file")
+        if self.path.exists():
+            self._entries = list(PrivacyLedger.load(self.path)._entries)
+
     @classmethod
     def open(cls, path: str | os.PathLike, owner: str = "") -> "PrivacyLedger":
         """The ledger at `path` if the file exists, else a new empty one that is
