@@ -12,9 +12,42 @@ from client.resume import resumable, snapshot_folder
 from client.secagg import handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
 from common.evaluation import evaluate
+from common.privacy.ali import GRAD_DIFF_METRIC
+from common.privacy.plan import is_private
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays
 
 app = ClientApp()
+
+# The only train metrics a private run releases: none is computed from the data, so none leaks outside
+# the DP accounting (the raw train-loss, a norm before clipping, FedLAP's match-loss would). Each is a
+# data size, a ledger reading, a step count or a config value: fedlap-radius is r_k = r under DP, and
+# the FedLAP server votes on it.
+PRIVATE_METRICS = frozenset({NUM_EXAMPLES, "epsilon", "dp-steps", "fedlap-radius"})
+
+
+def released_metrics(config) -> frozenset[str] | None:
+    """The train metrics this run may release (None: all of them, a non-private run)."""
+    if not is_private(config):
+        return None
+    if config["strategy"] == "ali-dpfl" and config["ali-mu-estimator"] == "paper":
+        return PRIVATE_METRICS | {GRAD_DIFF_METRIC}  # the paper's named leak, logged by its rule
+    return PRIVATE_METRICS
+
+
+def private_release(rule, config):
+    """`rule`, its reply's metrics cut to `released_metrics` in a private run: every train reply
+    leaves through here, masked or not."""
+    allowed = released_metrics(config)
+    if allowed is None:
+        return rule
+
+    def run(client, content: RecordDict, state: RecordDict) -> RecordDict:
+        reply = rule(client, content, state)
+        for name, record in list(reply.items()):
+            if isinstance(record, MetricRecord):
+                reply[name] = MetricRecord({k: v for k, v in record.items() if k in allowed})
+        return reply
+    return run
 
 
 @app.query("enroll")
@@ -34,6 +67,7 @@ def train(msg: Message, context: Context) -> Message:
     client = local_client(context)
     rule = resumable(update_rule(str(client.config["strategy"]), str(client.config["privacy"])),
                      snapshot_folder(client.config, context.node_config, client.partition))
+    rule = private_release(rule, client.config)
     try:
         if client.config["secure-aggregation"] or is_secure(msg):  # reply with a masked vector (client/secagg.py)
             return secure_train(rule, client, msg, context)

@@ -212,6 +212,11 @@ SCHEMA: dict[str, Key] = {
                                "is several times faster for models with large linear layers",
                                choices=("hooks", "functorch", "ew", "ghost")),  # = dpsgd.GRAD_SAMPLE_MODES
                                # (spelled out so that config does not import Opacus; a test keeps them equal)
+    "dp-noise-seed": Key("secret", "seed of every private mechanism's randomness (DP noise, Poisson sampling, "
+                         "Hu's batches): 'secret' = fresh OS randomness per client and round (runs are not "
+                         "bit-reproducible); 'run-seed' = derived from `seed`, reproducible, but whoever knows "
+                         "the run config (the server) can regenerate and subtract the noise: DP then holds "
+                         "only against parties that do not know the run config", choices=("secret", "run-seed")),
     "target-epsilon": Key(0.0, "each client's privacy budget: it refuses training that would take its epsilon "
                           "past this (0: no budget; epsilon is still reported)", low=0.0),
     "target-delta": Key(1e-5, "delta of every epsilon reported and of the budget", low=0.0, high=1.0, low_open=True),
@@ -323,6 +328,7 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     _check_secure_aggregation(v)
     _check_upcycled_private(v)  # Upcycled-FL private variants
     _check_fedlap(v)  # FedLAP-DP
+    _check_accountant(v)
     if v["strategy"] == "ali-dpfl" and (v["privacy"] != "dpsgd" or v["target-epsilon"] <= 0):  # ALI-DPFL
         raise ConfigError("strategy 'ali-dpfl' plans DP-SGD iterations from the budget: set privacy = 'dpsgd' "
                           "and target-epsilon > 0 (local-steps is then set by the server every round)")
@@ -333,6 +339,24 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] != "fedlap":
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
                           "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")
+
+
+# accountants and noise ----------------------------------------------------------
+# What each mechanism's ledger entries can be accounted by (common/privacy/ledger.py): DP-SGD and pure-DP
+# entries by all; Gaussian releases (output perturbation) not by 'ali-eq12' (DP-SGD entries only); Hu's
+# rho-zCDP entries only by 'rdp' (PLD has no loss distribution for a bare zCDP bound). Anything else
+# passes validation and then crashes inside the clients' charge and the server's mirror.
+def _check_accountant(v: Mapping[str, Scalar]) -> None:
+    if v["strategy"] == "dpfedavg-hu" and v["accountant"] != "rdp":
+        raise ConfigError(f"strategy 'dpfedavg-hu' records rho-zCDP entries, which only accountant = 'rdp' can "
+                          f"compose (PLD has no privacy loss distribution for a zCDP bound; 'ali-eq12' covers "
+                          f"DP-SGD entries only); got accountant = {v['accountant']!r}")
+    if v["privacy"] == "output" and v["accountant"] == "ali-eq12":
+        raise ConfigError("accountant = 'ali-eq12' covers DP-SGD entries only, not output perturbation's "
+                          "Gaussian releases: use 'rdp' or 'pld'")
+    if v["privacy"] == "dpsgd" and v["dp-noise-multiplier"] == 0:
+        raise ConfigError("privacy = 'dpsgd' with dp-noise-multiplier = 0 adds no noise and has no finite "
+                          "epsilon: set dp-noise-multiplier > 0 (or privacy = 'none' for a non-private run)")
 
 
 # FedLAP-DP ---------------------------------------------------------------------

@@ -5,11 +5,18 @@ and the indices that identify the draw (client, training round, ...), never
 from global state, so the in-process engine, Flower's simulation and a
 deployment draw the same numbers, and a vanilla and an Upcycled run see the
 same clients in their k-th training round.
+
+The exception is a private mechanism's randomness (DP noise, Poisson sampling,
+Hu's batches): `mechanism_seed` gives its root seed, by default fresh OS
+randomness (run config `dp-noise-seed`), because noise that anyone who knows
+the run seed can regenerate protects nothing.
 """
 
 from __future__ import annotations
 
+import secrets
 import zlib
+from typing import Any, Mapping
 
 import numpy as np
 import torch
@@ -26,3 +33,18 @@ def numpy_rng(seed: int, purpose: str, *indices: int) -> np.random.Generator:
 def torch_generator(seed: int, purpose: str, *indices: int) -> torch.Generator:
     derived = int(np.random.SeedSequence(_key(seed, purpose, *indices)).generate_state(1, np.uint64)[0])
     return torch.Generator().manual_seed(derived & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+def mechanism_seed(config: Mapping[str, Any]) -> int:
+    """Root seed of a private mechanism's generators; call once per client and round, key with purpose.
+
+    'secret': 128 fresh bits from the OS (nobody can regenerate the noise or the sampled batch).
+    'run-seed': the public run seed, so the draws are those of `numpy_rng(seed, ...)` and
+    `torch_generator(seed, ...)`: reproducible, private only against parties who do not know the config.
+    """
+    mode = str(config.get("dp-noise-seed", "secret"))
+    if mode == "secret":
+        return secrets.randbits(128)
+    if mode == "run-seed":
+        return int(config["seed"])
+    raise ValueError(f"dp-noise-seed must be 'secret' or 'run-seed', got {mode!r}")

@@ -22,6 +22,7 @@ class PrivacyMirror:
         self.delta = float(config["target-delta"])
         self.accountant = str(config["accountant"])
         self.enabled = is_private(config)
+        self.noise_seed = str(config["dp-noise-seed"])  # 'run-seed': whoever knows the config can undo the noise
         self.ledgers = {p: PrivacyLedger(owner=f"partition-{p}") for p in partitions}
 
     def record(self, partition: int, entries: list[LedgerEntry]) -> None:
@@ -43,7 +44,7 @@ class PrivacyMirror:
         if not self.enabled:
             return {"mechanism": "none"}
         return {
-            "delta": self.delta, "accountant": self.accountant,
+            "delta": self.delta, "accountant": self.accountant, "noise_seed": self.noise_seed,
             "ledgers": {
                 str(p): {
                     "entries": len(ledger.entries), "steps": ledger.steps(), "relations": sorted(ledger.relations()),

@@ -355,11 +355,22 @@ def run_is_finished(run_dir: Path, cell: Cell, seed: int) -> bool:
 
 
 def _same_run(done: dict[str, Any], wanted: dict[str, Any]) -> bool:
-    """A key the finished run's config lacks was added to the schema later: that run used its
-    default, so it only makes the run stale if the cell now wants another value."""
-    from common.config import SCHEMA
+    """A key the finished run's config lacks was added to the schema later: the run only is stale if
+    the cell now wants something else than what the run did then (`_did_before_key`)."""
+    return all(done[k] == v if k in done else _did_before_key(k, v, done) for k, v in wanted.items())
 
-    return all(done[k] == v if k in done else (k in SCHEMA and v == SCHEMA[k].default) for k, v in wanted.items())
+
+def _did_before_key(key: str, value: Any, done: dict[str, Any]) -> bool:
+    """Whether a run from before `key` existed did what `key = value` does now: the key's default,
+    except dp-noise-seed: private runs drew their noise from the run seed, other runs draw none."""
+    from common.config import SCHEMA, defaults
+    from common.privacy.plan import is_private
+
+    if key not in SCHEMA:
+        return False
+    if key == "dp-noise-seed":
+        return value == "run-seed" or not is_private({**defaults(), **done})
+    return value == SCHEMA[key].default
 
 
 def read_rows(run_dir: Path) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ STEPS = 2
 def config(tmp_path, name, **extra):
     return validate({"num-clients": 3, "num-rounds": 3, "strategy": "fedavgm", "privacy": "dpsgd",
                      "local-steps": STEPS, "dp-sample-rate": 0.2, "dp-noise-multiplier": 1.0, "lr": 0.5,
+                     "dp-noise-seed": "run-seed",  # resumed and uninterrupted runs are compared bit for bit
                      "results-dir": str(tmp_path / "results"), "run-name": name, **extra})
 
 

@@ -119,7 +119,7 @@ def _hu_config(**kw):
 
 
 def test_strategy_calibrates_sigma_over_the_drawn_schedule():
-    config = _hu_config(**{"hu-accountant": "paper", "secure-aggregation": True})
+    config = _hu_config(**{"hu-accountant": "paper", "secure-aggregation": True, "secagg-min-survivors": 10})
     s = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None, config=config)
     schedule = participation_schedule(0, 20, list(range(16)), 0.625)
     assert s.r == 10 and sum(schedule.values()) == 200 and s.schedule == schedule
@@ -127,6 +127,10 @@ def test_strategy_calibrates_sigma_over_the_drawn_schedule():
     # the secure-aggregation credit: sigma^2 is r times smaller than without secure aggregation
     plain = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None, config=_hu_config(**{"hu-accountant": "paper"}))
     assert plain.sigma / s.sigma == pytest.approx(math.sqrt(10))
+    # ... but only for the clients surely in the decoded sum: a round may decode min-survivors of them
+    few = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None,
+                     config=_hu_config(**{"hu-accountant": "paper", "secure-aggregation": True}))
+    assert few.credited == 2 and plain.sigma / few.sigma == pytest.approx(math.sqrt(2))
     cons = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None, config=_hu_config(**{"secure-aggregation": True}))
     assert cons.sigma == pytest.approx(plain.sigma)  # conservative: no credit, whole epochs here
     cfg = s.round_config(1, ConfigRecord())
@@ -153,7 +157,7 @@ def _client(tmp_path, **kw):
 
 
 def test_client_records_zcdp_and_refuses_past_its_budget(tmp_path):
-    client = _client(tmp_path)
+    client = _client(tmp_path, **{"hu-local-steps": 2})
     kw = dict(local_steps=2, clip=1.0, dataset_size=12, batch_size=4)
     sigma = calibrate_sigma("conservative", 1.0, 1e-4, 3, **kw)  # exactly 3 participations fit
     content = RecordDict({"arrays": model_to_arrays(client.model), "config": ConfigRecord({
@@ -174,12 +178,42 @@ def test_client_records_zcdp_and_refuses_past_its_budget(tmp_path):
         hu_update(client, content, RecordDict())
 
 
+@pytest.mark.parametrize("asked", [{"hu-accountant": "paper-dsgd"}, {"hu-local-steps": 50}])
+def test_client_refuses_an_instruction_with_another_accounting(tmp_path, asked):
+    """tau and the accountant are the client's own: an instruction asking for others (charged its way, it
+    could spend past the budget) is refused before anything is recorded or trained."""
+    client = _client(tmp_path, **{"hu-local-steps": 2})
+    content = RecordDict({"arrays": model_to_arrays(client.model), "config": ConfigRecord({
+        "server-round": 1, "hu-sigma": 2.0, "hu-local-steps": 2, "hu-clip": 1.0, "hu-accountant": "conservative",
+        **asked})})
+    with pytest.raises(BudgetExhausted, match=f"instruction asks for {next(iter(asked))}"):
+        hu_update(client, content, RecordDict())
+    assert len(client.ledger.entries) == 0
+
+
+@pytest.mark.parametrize("accountant", ["pld", "ali-eq12"])
+def test_config_refuses_accountants_that_cannot_compose_zcdp(accountant):
+    with pytest.raises(ConfigError, match="only accountant = 'rdp'"):
+        _hu_config(accountant=accountant)
+
+
+def test_non_private_baseline_reports_no_epsilon():
+    """hu-sigma = 0 without a budget releases updates with no noise: not private, so no epsilon (not 0)."""
+    from common.privacy.plan import is_private
+    from server.privacy_mirror import PrivacyMirror
+
+    config = validate({"strategy": "dpfedavg-hu", "num-clients": 2, "hu-sigma": 0.0, "hu-clip": 0.0})
+    mirror = PrivacyMirror(config, [0, 1])
+    assert not is_private(config) and mirror.round_metrics() == {}
+    assert is_private(_hu_config()) and is_private(validate({"strategy": "dpfedavg-hu", "hu-sigma": 1.0}))
+
+
 def test_run_with_secure_aggregation_takes_the_credit_and_stays_in_budget(tmp_path):
     """dpfedavg-hu on the synthetic federation, paper accountant, secure aggregation: every client's
     ledger holds one zCDP entry per participation with r = 3, and the run ends at epsilon <= target."""
     config = validate({"strategy": "dpfedavg-hu", "dataset": "synthetic", "num-clients": 4, "fraction-train": 0.75,
                        "num-rounds": 3, "batch-size": 8, "hu-local-steps": 4, "lr": 0.3, "target-epsilon": 4.0, "target-delta": 1e-4,
-                       "hu-accountant": "paper", "secure-aggregation": True, "seed": 2,
+                       "hu-accountant": "paper", "secure-aggregation": True, "secagg-min-survivors": 3, "seed": 2,
                        "results-dir": str(tmp_path), "run-name": "hu"})
     out = run_inprocess(config)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -99,11 +99,10 @@ def test_output_wrapper_clips_noises_and_charges(tmp_path, perturb):
     (entry,) = client.ledger.entries
     assert entry.round == 1 and entry.params["sensitivity"] == pytest.approx(0.3 / client.num_train)
     assert reply[METRICS]["epsilon"] > 0
-    # reproducible: the same (seed, partition, round) gives the same noisy reply
-    other = _client(tmp_path / "b", privacy="output", **{"output-clip": 0.3, "output-noise-std": 0.5,
-                                                          "output-perturb": perturb})
-    again = _client(tmp_path / "c", privacy="output", **{"output-clip": 0.3, "output-noise-std": 0.5,
-                                                          "output-perturb": perturb})
+    # reproducible with run-seed noise: the same (seed, partition, round) gives the same noisy reply
+    run_seed = {"output-clip": 0.3, "output-noise-std": 0.5, "output-perturb": perturb, "dp-noise-seed": "run-seed"}
+    other = _client(tmp_path / "b", privacy="output", **run_seed)
+    again = _client(tmp_path / "c", privacy="output", **run_seed)
     start = _content(other)  # the same received model for both
     a = arrays_to_state_dict(update_rule("fedavg", "output")(other, start, RecordDict())[ARRAYS])
     b = arrays_to_state_dict(update_rule("fedavg", "output")(again, start, RecordDict())[ARRAYS])

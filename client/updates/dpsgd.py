@@ -19,7 +19,7 @@ from client.privacy import charge
 from common.privacy.dpsgd import dpsgd_train
 from common.privacy.plan import local_steps, planned_entries, prox_mu
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
-from common.seeding import numpy_rng
+from common.seeding import mechanism_seed, numpy_rng
 
 
 def dpsgd_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
@@ -27,7 +27,8 @@ def dpsgd_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
     train_round = int(instruction.get("train-round", instruction["server-round"]))  # keys the noise and sampling
     charge(client.ledger, config, planned_entries(config, instruction))  # raises BudgetExhausted
     load_arrays(client.model, content[ARRAYS])
-    seed = int(numpy_rng(int(config["seed"]), "client-dpsgd", client.partition, train_round).integers(2**62))
+    root = mechanism_seed(config)  # secret by default: the server must not regenerate noise or batches
+    seed = int(numpy_rng(root, "client-dpsgd", client.partition, train_round).integers(2**62))
     result = dpsgd_train(
         client.model, client.x, client.y, steps=local_steps(config, instruction),
         sample_rate=float(config["dp-sample-rate"]), max_grad_norm=float(config["dp-clip"]),

@@ -45,14 +45,14 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
-from client.privacy import charge
+from client.privacy import charge, locked
 from common.fedlap.augment import augment
 from common.fedlap.matching import matching_distance
 from common.fedlap.trust import calibrate_radius, cosine_lr, param_distance
 from common.privacy.events import post_processing
 from common.privacy.plan import planned_entries
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays
-from common.seeding import numpy_rng, torch_generator
+from common.seeding import mechanism_seed, numpy_rng, torch_generator
 
 SET_KEY = "fedlap"          # reply record holding the synthetic set
 STATE_KEY = "fedlap-set"    # the node's carried-over set (Context.state)
@@ -165,7 +165,9 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
     model = client.model
     model.train()
     device = client.x.device
-    gen = torch_generator(int(config["seed"]), "client-fedlap", client.partition, server_round)
+    # Under DP this generator seeds the DP-SGD noise and sampling: secret by default (mechanism_seed).
+    root = mechanism_seed(config) if private else int(config["seed"])
+    gen = torch_generator(root, "client-fedlap", client.partition, server_round)
     ipc = int(config["fedlap-ipc"])
     carried = state.get(STATE_KEY) if hasattr(state, "get") else None
     if carried is not None and not config["fedlap-reinit"]:
@@ -195,7 +197,8 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
     if not private and config["fedlap-calibrate"]:
         r_k = calibrate(client, images, labels, content, eta, radius, gen)
     if private:
-        client.ledger.record(post_processing(round=server_round, note="FedLAP synthesis and local steps on S_k"))
+        with locked(client.ledger) as ledger:  # a read-modify-write of the shared ledger file
+            ledger.record(post_processing(round=server_round, note="FedLAP synthesis and local steps on S_k"))
     images_np = images.detach().cpu().numpy().astype(np.float32)
     labels_np = labels.cpu().numpy().astype(np.uint8)
     state[STATE_KEY] = set_record(images_np, labels_np)

@@ -19,9 +19,10 @@ The local rule (Algorithm 1; `reference/zcdp-secagg.md` section 2):
   exactly the paper's. Sampling is ours, not Opacus' Poisson sampler: the
   paper's batches are disjoint within a local epoch.
 * Batches. At the start of every participation the local data (m samples) is
-  shuffled (generator keyed by seed, partition and training round) and cut
-  into floor(m / gamma) disjoint batches of exactly gamma samples (the
-  remainder is unused in that epoch); after the last batch a new epoch is
+  shuffled (generator seeded by `common.seeding.mechanism_seed`, keyed by
+  partition and training round) and cut into floor(m / gamma) disjoint
+  batches of exactly gamma samples (the remainder is unused in that epoch);
+  after the last batch a new epoch is
   reshuffled. A round of tau steps therefore touches E = ceil(tau /
   floor(m / gamma)) epochs and uses each sample at most once per epoch.
 * The step size eta is `lr`, gamma is `batch-size`, tau is `hu-local-steps`,
@@ -116,6 +117,20 @@ def hu_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
 
 
 # --- the update rule ------------------------------------------------------------------
+OWN_KEYS = ("hu-accountant", "hu-local-steps")  # what the ledger charges by: the client's config decides
+
+
+def refuse_foreign_accounting(config, instruction) -> None:
+    """Refuse (BudgetExhausted) an instruction that asks for another accountant or tau than this
+    client's run config: accounted the server's way, it could spend past the client's budget."""
+    from client.privacy import BudgetExhausted
+
+    for key in OWN_KEYS:
+        if key in instruction and str(instruction[key]) != str(config[key]):
+            raise BudgetExhausted(f"refused: the instruction asks for {key} = {instruction[key]!r}, but this "
+                                  f"client's run config has {key} = {config[key]!r} (its ledger charges by its own)")
+
+
 def hu_update(client, content, state):
     """DP-FedAvg (Hu et al.) client: tau noisy clipped SGD steps from the received model; reply with the model.
 
@@ -130,24 +145,25 @@ def hu_update(client, content, state):
     from client.secagg import RECORD as SECAGG, ids_from_bytes
     from common.privacy.plan import planned_entries
     from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
-    from common.seeding import torch_generator
+    from common.seeding import mechanism_seed, torch_generator
 
     config, instruction = client.config, content[CONFIG]
+    refuse_foreign_accounting(config, instruction)
     sigma = float(instruction["hu-sigma"])
-    tau = int(instruction["hu-local-steps"])
+    tau = int(config["hu-local-steps"])  # the client's own: the ledger charges exactly what it runs
     clip = float(instruction["hu-clip"])
-    accountant = str(instruction["hu-accountant"])
     gamma, m = int(config["batch-size"]), client.num_train
     server_round = int(instruction.get("train-round", instruction["server-round"]))
     secure = SECAGG in content
-    r = len(ids_from_bytes(content[SECAGG]["selected"])) if secure else 1  # the SA credit only if masked
+    # the SA credit only if masked, and only for the clients whose noise is surely in the decoded sum
+    r = min(len(ids_from_bytes(content[SECAGG]["selected"])), int(config["secagg-min-survivors"])) if secure else 1
     target, delta = float(config["target-epsilon"]), float(config["target-delta"])
 
     if sigma > 0:
         claimed = int(instruction.get("hu-clients-per-round", 1))
         if claimed != r:  # the secure-aggregation credit only for a masked reply among r clients
             raise ValueError(f"instruction claims r = {claimed} clients per round for the accounting, "
-                             f"but this reply is {'masked among ' + str(r) if secure else 'not masked'}")
+                             f"but this reply is {f'masked, credited for {r}' if secure else 'not masked'}")
         entries = planned_entries(config, instruction, dataset_size=m)
         ledger = client.ledger
         if target > 0 and ledger.would_exceed(entries, target * (1 + 1e-9), delta, "hu-thm1"):
@@ -160,9 +176,11 @@ def hu_update(client, content, state):
         raise BudgetExhausted("refused: the run has a privacy budget (target-epsilon) but the server sent sigma = 0")
 
     load_arrays(client.model, content[ARRAYS])
+    # Secret by default under DP: the server must not regenerate the noise or the batches.
+    root = mechanism_seed(config) if sigma > 0 else int(config["seed"])
     loss = hu_train(client.model, client.x, client.y, steps=tau, batch_size=gamma, clip=clip, sigma=sigma,
                     lr=float(config["lr"]),
-                    generator=torch_generator(int(config["seed"]), "hu-batches", client.partition, server_round),
-                    noise_generator=torch_generator(int(config["seed"]), "hu-noise", client.partition, server_round))
+                    generator=torch_generator(root, "hu-batches", client.partition, server_round),
+                    noise_generator=torch_generator(root, "hu-noise", client.partition, server_round))
     metrics = MetricRecord({NUM_EXAMPLES: m, "train-loss": loss})
     return RecordDict({ARRAYS: model_to_arrays(client.model), METRICS: metrics})

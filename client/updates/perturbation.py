@@ -9,8 +9,9 @@ applied to the model in the base rule's reply (`output-perturb = "model"`, the
 paper), or to the update w - w_global (`"update"`: the server then receives
 w_global + xi(w - w_global) + n). tau = `output-clip`, sigma =
 `output-noise-std` (the std: the authors' code used sigma^2 as the std). The
-noise is drawn from a generator keyed on (seed, partition, training round),
-so private runs are reproducible. Ledger: one Gaussian release per
+noise is drawn from a generator seeded by `common.seeding.mechanism_seed`
+(secret by default; `dp-noise-seed = "run-seed"`: keyed on the run seed,
+partition and training round, reproducible). Ledger: one Gaussian release per
 instruction, sensitivity tau/|D_i| (`output-sensitivity = "paper"`, Thm 6.2)
 or 2 tau (`"ball"`).
 
@@ -26,8 +27,9 @@ see common/config.py).
 
 Both charge the client's ledger before any training (a crash can only
 over-count), through `common.privacy.plan.planned_entries`, the same function
-the server's mirror uses. What the wrappers do not cover: the reply's
-`train-loss` metric is released as the other rules release it (unperturbed).
+the server's mirror uses. The reply's data-dependent metrics (the base
+rule's train-loss, `clip-norm-before`) never leave the client: the ClientApp
+keeps only data-independent metrics in a private run (client/app.py).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from client.updates.corrected import linear_term
 from common.privacy.mechanisms import l2_norm, objective_noise_like, output_perturbation
 from common.privacy.plan import planned_entries
 from common.records import ARRAYS, CONFIG, METRICS, arrays_to_state_dict
-from common.seeding import torch_generator
+from common.seeding import mechanism_seed, torch_generator
 
 
 def _train_round(instruction) -> int:
@@ -65,7 +67,7 @@ def output_perturbed(base):
         received = arrays_to_state_dict(content[ARRAYS]) if config["output-perturb"] == "update" else None
         reply = base(client, content, state)
         trained = arrays_to_state_dict(reply[ARRAYS])
-        generator = torch_generator(int(config["seed"]), "client-output-noise", client.partition,
+        generator = torch_generator(mechanism_seed(config), "client-output-noise", client.partition,
                                     _train_round(instruction))
         before = l2_norm(trained if received is None else
                          {k: v - received[k] for k, v in trained.items() if v.is_floating_point()})
@@ -86,7 +88,7 @@ def objective_perturbed(base):
     def rule(client, content: RecordDict, state: RecordDict) -> RecordDict:
         config, instruction = client.config, content[CONFIG]
         charge(client.ledger, config, planned_entries(config, instruction, dataset_size=client.num_train))
-        generator = torch_generator(int(config["seed"]), "client-objective-noise", client.partition,
+        generator = torch_generator(mechanism_seed(config), "client-objective-noise", client.partition,
                                     _train_round(instruction))
         params = {name: p.detach() for name, p in client.model.named_parameters() if p.requires_grad}
         noise = objective_noise_like(params, float(config["objective-alpha"]), generator)

@@ -73,8 +73,12 @@ def _required_size(config: Mapping[str, Any], instruction: Mapping[str, Any], da
 
 
 def is_private(config: Mapping[str, Any]) -> bool:
-    """Whether the run's clients spend privacy (and the server reports epsilon)."""
-    return config["privacy"] != "none" or config["strategy"] == "dpfedavg-hu"
+    """Whether the run's clients spend privacy (and the server reports epsilon). Hu et al.'s
+    non-private baseline (hu-sigma = 0 and no budget to calibrate a sigma from) releases updates
+    without noise: it is not private, so it reports no epsilon rather than epsilon 0."""
+    if config["strategy"] == "dpfedavg-hu":
+        return float(config["hu-sigma"]) > 0 or float(config["target-epsilon"]) > 0
+    return config["privacy"] != "none"
 
 
 def upcycled_private_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],

@@ -14,5 +14,16 @@ def toml_value(v) -> str:
     return repr(v)
 
 
+# Why a generated suite sets a key, written beside it in [suite.overrides].
+KEY_COMMENTS = {"dp-noise-seed": "measured with run-seed noise: keeps the suite bit-reproducible"}
+RUN_SEED_NOISE = {"dp-noise-seed": "run-seed"}  # overrides of every suite that runs a private mechanism
+
+
+def override_line(key: str, value) -> str:
+    """`key = value` for a [suite.overrides] table, with the key's comment if it has one."""
+    line = f"{key} = {toml_value(value)}"
+    return f"{line}  # {KEY_COMMENTS[key]}" if key in KEY_COMMENTS else line
+
+
 def inline(d: dict) -> str:
     return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in d.items()) + " }"

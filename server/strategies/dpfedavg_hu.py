@@ -16,7 +16,8 @@ devices per round, sigma calibrated from a target epsilon.
   of device i (its m_i), rho* = (sqrt(log 1/delta + eps) - sqrt(log 1/delta))^2.
   The `paper` accountant's secure-aggregation credit r is taken only when
   secure aggregation is on (without it, the paper's "approach without secure
-  aggregation": r = 1). The DP-DSGD baseline is this strategy with
+  aggregation": r = 1), and only for min(r, secagg-min-survivors) clients: a
+  round may decode the sum of that many (the rest dropped). The DP-DSGD baseline is this strategy with
   hu-local-steps = 1 and hu-accountant = 'paper-dsgd'.
 * Every instruction carries hu-sigma, hu-local-steps, hu-clip and
   hu-accountant; clients check their own ledger against target-epsilon.
@@ -59,6 +60,9 @@ class DpFedAvgHu(FedAvg):
         self.num_clients = len(roster.node_of)
         self.secure = bool(config["secure-aggregation"])
         self.r = num_sampled(self.num_clients, fraction_train)
+        # The /r credit counts the clients whose noise is in the decoded sum: at least secagg-min-survivors
+        # (the grid aborts a round with fewer), not necessarily all r selected.
+        self.credited = min(self.r, int(config["secagg-min-survivors"])) if self.secure else 1
         self.schedule = participation_schedule(seed, int(config["num-rounds"]), roster.partitions, fraction_train)
         epsilon = float(config["target-epsilon"])
         if epsilon > 0:
@@ -76,7 +80,7 @@ class DpFedAvgHu(FedAvg):
 
     def _coefficients(self, partition: int) -> dict:
         return {"local_steps": self.tau, "clip": self.clip, "dataset_size": self.roster.num_examples[partition],
-                "batch_size": self.gamma, "clients_per_round": self.r if self.secure else 1,
+                "batch_size": self.gamma, "clients_per_round": self.credited,
                 "num_clients": self.num_clients}
 
     def round_rho(self, partition: int) -> float:
@@ -94,5 +98,5 @@ class DpFedAvgHu(FedAvg):
         out["hu-local-steps"] = self.tau
         out["hu-clip"] = self.clip
         out["hu-accountant"] = self.accountant
-        out["hu-clients-per-round"] = self.r if self.secure else 1  # r of the paper's /r credit
+        out["hu-clients-per-round"] = self.credited  # r of the paper's /r credit
         return out

@@ -7,6 +7,15 @@ from common.config import ConfigError, RunConfig
 from server.roster import Roster
 
 
+def note_noise_seed(config: RunConfig, log=print) -> None:
+    """Say so when a private run's noise is reproducible from its config (dp-noise-seed = 'run-seed')."""
+    from common.privacy.plan import is_private
+
+    if is_private(config) and config["dp-noise-seed"] == "run-seed":
+        log("dp-noise-seed = 'run-seed': the DP noise and sampling derive from the run seed (reproducible); "
+            "anyone who knows the run config can regenerate them, so DP holds only against parties who do not")
+
+
 def build_base(config: RunConfig, roster: Roster, log=print):
     name = config["strategy"]
     args = (roster, int(config["seed"]), float(config["fraction-train"]), log)
@@ -56,6 +65,7 @@ def build_base(config: RunConfig, roster: Roster, log=print):
 
 
 def build_strategy(config: RunConfig, roster: Roster, log=print):
+    note_noise_seed(config, log)
     strategy = build_base(config, roster, log)
     if hasattr(strategy, "setup_stragglers"):
         strategy.setup_stragglers(float(config["stragglers"]), int(config["local-epochs"]))

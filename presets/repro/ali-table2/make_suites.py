@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # presets/repro: the shared TOML helper
-from suite_toml import inline, toml_value  # noqa: E402
+from suite_toml import RUN_SEED_NOISE, inline, override_line, toml_value  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPRO = HERE.parent
@@ -59,14 +59,14 @@ def common(clip: float, device: str) -> dict:
     return {"num-clients": 10, "fraction-train": 1.0, "privacy": "dpsgd", "dp-sample-rate": 0.015,
             "dp-noise-multiplier": 1.1, "dp-clip": clip, "lr": 0.5, "momentum": 0.0, "target-delta": 1e-5,
             "accountant": "ali-eq12", "ali-mu-estimator": "dp-secant", "device": device,
-            "eval-every": 5}  # central evaluation of 10k images costs more than a round of DP-SGD on CPU
+            "eval-every": 5, **RUN_SEED_NOISE}  # central evaluation of 10k images costs more than a round of DP-SGD on CPU
 
 
 def write(path: Path, header: str, suite: dict, overrides: dict, cells: list[dict]) -> None:
     lines = [header.rstrip(), "", "[suite]"]
     lines += [f"{k} = {toml_value(v)}"
               for k, v in suite.items()]
-    lines += ["", "[suite.overrides]"] + [f"{k} = {toml_value(v)}" for k, v in overrides.items()]
+    lines += ["", "[suite.overrides]"] + [override_line(k, v) for k, v in overrides.items()]
     for c in cells:
         lines += ["", "[[cell]]", f"row = {toml_value(c['row'])}", f"column = {toml_value(c['column'])}",
                   f"overrides = {inline(c['overrides'])}"]

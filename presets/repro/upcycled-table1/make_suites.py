@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # presets/repro: the shared TOML helper
-from suite_toml import inline, toml_value  # noqa: E402
+from suite_toml import RUN_SEED_NOISE, inline, override_line, toml_value  # noqa: E402
 
 REPRO = Path(__file__).resolve().parents[1]
 
@@ -194,7 +194,7 @@ stragglers = {stragglers}
 OUTPUT_HP = {"Syn(iid)": (1e-1, 0.3), "Syn(0.5,0.5)": (7e-2, 0.3), "Syn(0,0)": (3e-2, 0.5), "Syn(1,1)": (1e-2, 0.1)}
 OBJECTIVE_HP = {"Syn(iid)": (1e-2, 0.9), "Syn(0.5,0.5)": (1e-3, 0.7), "Syn(0,0)": (1e-3, 0.9), "Syn(1,1)": (1e-3, 0.3)}
 PRIVACY_SUITE_OVERRIDES = {"fraction-train": 1.0, "stragglers": 0.0, "num-rounds": 80, "output-clip": 10.0,
-                           "target-delta": 1e-5}
+                           "target-delta": 1e-5, **RUN_SEED_NOISE}
 
 
 def private_cells(column: str) -> dict[str, tuple[dict, dict, str]]:
@@ -255,7 +255,7 @@ columns = [{", ".join(toml_value(c) for c in PAPER_COLUMN_ORDER)}]
 
 
 def overrides_toml(overrides: dict) -> str:
-    return "\n".join(f"{k} = {toml_value(v)}" for k, v in overrides.items())
+    return "\n".join(override_line(k, v) for k, v in overrides.items())
 
 
 def search_suite(name: str, what: str, cells: list[str]) -> str:

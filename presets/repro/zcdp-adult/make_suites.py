@@ -13,18 +13,19 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # presets/repro: the shared TOML helper
-from suite_toml import inline, toml_value as value  # noqa: E402
+from suite_toml import RUN_SEED_NOISE, inline, override_line  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 EPSILONS = (1, 2, 4, 8, 10)
 
 COMMON = {  # Hu et al. Sec. VII: Adult, 16 devices x 3052 (80/10/10), r = 10 of n = 16, delta = 1e-4
     "strategy": "dpfedavg-hu", "dataset": "adult", "adult-split": "hu-devices", "num-clients": 16,
-    "fraction-train": 0.625, "target-delta": 1e-4, "device": "cpu",
+    "fraction-train": 0.625, "target-delta": 1e-4, "device": "cpu", **RUN_SEED_NOISE,
 }
 LR = {"model": "logreg", "num-rounds": 20}
 NN = {"model": "adult-mlp", "num-rounds": 50}
-OURS_SA = {"hu-accountant": "paper", "secure-aggregation": True}
+# min-survivors = r = 10: the /r credit counts only clients surely in the decoded sum (a dropout aborts)
+OURS_SA = {"hu-accountant": "paper", "secure-aggregation": True, "secagg-min-survivors": 10}
 OURS_NO_SA = {"hu-accountant": "paper", "secure-aggregation": False}
 DSGD = {"hu-accountant": "paper-dsgd", "hu-local-steps": 1, "secure-aggregation": False}
 NONPRIVATE = {"hu-clip": 0.0, "hu-sigma": 0.0, "target-epsilon": 0.0, "secure-aggregation": False}
@@ -76,7 +77,7 @@ def header(name, description, seeds, rows, columns, extra="") -> list[str]:
            f"seeds = {list(seeds)}", 'metric = "final-accuracy"', "scale = 100.0",
            f"rows = {value_list(rows)}", f"columns = {value_list(columns)}", extra, "",
            "[suite.overrides]"]
-    out += [f"{k} = {value(v)}" for k, v in COMMON.items()]
+    out += [override_line(k, v) for k, v in COMMON.items()]
     return out + [""]
 
 
