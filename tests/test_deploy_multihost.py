@@ -51,7 +51,8 @@ STEPS = 2
 ROUND_TIMEOUT = 45.0
 RUN = {"num-clients": 3, "num-rounds": 4, "seed": 7, "privacy": "dpsgd", "local-steps": STEPS,
        "dp-sample-rate": 0.2, "lr": 0.5, "checkpoint": True, "run-name": "mh", "node-wait-timeout": 120.0,
-       "round-timeout": ROUND_TIMEOUT}
+       "round-timeout": ROUND_TIMEOUT,
+       "dp-noise-seed": "run-seed"}  # reproducible DP noise: the deployed run must equal the simulation
 PORT = 8000  # inside the link namespace: no clash with anything on the machine
 
 
