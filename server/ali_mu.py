@@ -84,7 +84,7 @@ def paper_mu(w_start: np.ndarray, client_models: Sequence[np.ndarray], grad_diff
     total, wsum = 0.0, 0.0
     for w_i, diff, p in zip(client_models, grad_diffs, weights):
         dist = float(np.linalg.norm(w_i - w_start))
-        if dist > 0 and math.isfinite(diff):
+        if dist > 0 and 0 <= diff < math.inf:  # a norm: a negative or NaN report is not one
             total += p * diff / dist
             wsum += p
     return total / wsum if wsum > 0 else None

@@ -13,7 +13,14 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from common.records import NUM_EXAMPLES
+from common.records import ARRAYS, METRICS, NUM_EXAMPLES
+
+
+# No weight, control variate or counter of a model trained here comes near this; a reply that does is an
+# overflow attack, not an update: FedYogi's v += delta^2 overflows float32 from 1.8e19, SCAFFOLD's c sums
+# deltas round after round, and a finite 1e25 would still wreck an average. (Bounding honest-looking
+# updates is Byzantine-robust aggregation, which this screen does not attempt.)
+MAX_ABS_VALUE = 1e6
 
 
 def reply_problem(msg: Message, reference: ArrayRecord, max_examples: int | None) -> str | None:
@@ -21,11 +28,10 @@ def reply_problem(msg: Message, reference: ArrayRecord, max_examples: int | None
     if msg.has_error():
         return f"client error: {msg.error.reason}"
     content = msg.content
-    arrays = [r for r in content.values() if isinstance(r, ArrayRecord)]
-    metrics = [r for r in content.values() if isinstance(r, MetricRecord)]
-    if len(arrays) != 1 or len(metrics) != 1:
-        return f"expected one ArrayRecord and one MetricRecord, got {len(arrays)} and {len(metrics)}"
-    return arrays_problem(arrays[0], reference) or examples_problem(metrics[0], max_examples)
+    if sorted(content.keys()) != sorted((ARRAYS, METRICS)) or not isinstance(content[ARRAYS], ArrayRecord) \
+            or not isinstance(content[METRICS], MetricRecord):  # Flower raises on replies with other names
+        return f"expected an ArrayRecord {ARRAYS!r} and a MetricRecord {METRICS!r}, got {sorted(content.keys())}"
+    return arrays_problem(content[ARRAYS], reference) or examples_problem(content[METRICS], max_examples)
 
 
 def arrays_problem(got: ArrayRecord, reference: Mapping[str, Any], what: str = "array") -> str | None:
@@ -45,6 +51,8 @@ def arrays_problem(got: ArrayRecord, reference: Mapping[str, Any], what: str = "
                     f"expected {want_dtype} of shape {want_shape}")
         if values.dtype.kind == "f" and not np.isfinite(values).all():
             return f"{what} {key!r} holds NaN or inf"
+        if values.size and float(np.abs(values).max()) > MAX_ABS_VALUE:
+            return f"{what} {key!r} holds values beyond +-{MAX_ABS_VALUE:g}"
     return None
 
 

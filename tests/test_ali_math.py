@@ -112,6 +112,12 @@ def test_secant_noise_correction_uses_public_quantities_only():
     assert nones >= 8
 
 
+def test_paper_mu_ignores_reports_that_are_not_norms():
+    w = np.zeros(2)
+    models = [np.array([1.0, 0.0]), np.array([0.0, 2.0]), np.array([3.0, 0.0])]
+    assert paper_mu(w, models, [-1e308, 4.0, float("nan")], [1 / 3] * 3) == pytest.approx(2.0)
+
+
 def test_paper_mu_weights_clients():
     w = np.zeros(3)
     models = [np.array([1.0, 0, 0]), np.array([0, 2.0, 0])]

@@ -5,7 +5,7 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 from flwr.common import Metadata
 
 from client.updates.fedlap import RADIUS, SET_KEY, set_record
@@ -45,6 +45,9 @@ def test_good_reply_passes():
 @pytest.mark.parametrize("kwargs,pattern", [
     ({"images": np.zeros((4, 1, 5, 6), np.float32)}, "images have shape"),
     ({"images": np.full((4, *SHAPE), np.nan, np.float32)}, "NaN"),
+    ({"record": ArrayRecord(OrderedDict([("images", Array(np.full((4, *SHAPE), 1e300))),  # float64: inf once
+                                          ("labels", Array(np.array([1, 1, 3, 3])))]))}, "float32"),  # cast
+    ({"images": np.full((4, *SHAPE), 1e30, np.float32)}, "beyond"),  # finite, but it wrecks the model
     ({"labels": np.array([1, 1, 3, 9])}, "labels outside"),
     ({"labels": np.array([1, 1, 1, 3])}, "images per class"),
     ({"radius": float("inf")}, "radius"),

@@ -38,6 +38,7 @@ BAD_MODELS = {
     "unreadable": (with_w(Array(dtype="float32", shape=(2, 3), stype="numpy.ndarray", data=b"junk")),
                    "cannot be read"),
     "names": (ArrayRecord({"w": Array(np.zeros((2, 3), np.float32))}), "names differ"),
+    "huge": (with_w(Array(np.full((2, 3), 1e25, np.float32))), "beyond"),  # overflows FedYogi's v
 }
 
 
@@ -89,3 +90,33 @@ def test_odd_metrics_do_not_crash_the_round_or_drop_the_model(name):
     assert sorted(metrics) == sorted(expected)
     np.testing.assert_equal(dict(metrics), expected)
     assert (len(logs) == 1) == (name != "nan"), logs
+
+
+def test_a_reply_under_other_record_names_is_dropped():
+    """Flower raises when the replies' record names differ: screening drops such a reply first."""
+    logs = []
+    strategy = FedAvg(ROSTER, seed=1, fraction_train=1.0, log=logs.append)
+    replies = []
+    for msg in strategy.configure_train(1, model(0.0), ConfigRecord(), None):
+        name = "x" if msg.metadata.dst_node_id == 101 else ARRAYS
+        replies.append(Message(RecordDict({name: model(1.0), METRICS: MetricRecord({NUM_EXAMPLES: 10})}),
+                               reply_to=msg))
+    aggregated, _ = strategy.aggregate_train(1, replies)
+    np.testing.assert_allclose(aggregated["w"].numpy(), np.ones((2, 3)))
+    assert len(logs) == 1 and "node 101" in logs[0] and "'x'" in logs[0]
+
+
+@pytest.mark.parametrize("n_test", [float("inf"), 1e300])
+def test_pfedme_ignores_an_absurd_test_size(n_test):
+    """pFedMe weights the personal accuracies by the reported test sizes: inf crashed int(), 1e300 took over."""
+    from server.strategies.pfedme import PFedMe
+
+    strategy = PFedMe(ROSTER, seed=1, fraction_train=1.0, log=lambda _: None)
+    replies = []
+    for msg in strategy.configure_train(1, model(0.0), ConfigRecord(), None):
+        hostile = msg.metadata.dst_node_id == 101
+        metrics = {NUM_EXAMPLES: 10, "personal-accuracy": 0.0 if hostile else 0.9,
+                   "test-examples": n_test if hostile else 5}
+        replies.append(Message(RecordDict({ARRAYS: model(1.0), METRICS: MetricRecord(metrics)}), reply_to=msg))
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["personal-accuracy"] == pytest.approx(0.9) and metrics["personal-clients"] == 2

@@ -118,7 +118,7 @@ class AliDpfl(FedAvg):
         raw = None
         if arrays is not None and good:
             raw = self._estimate_mu(arrays, good)
-        if raw is not None:
+        if raw is not None and math.isfinite(raw):  # min/max would pass NaN through to Eq. 9
             clamped = min(max(raw, self.mu_min), self.mu_max)
             self.mu = clamped if self.mu is None else self.mu_ema * self.mu + (1 - self.mu_ema) * clamped
         horizon = ali.horizon(self.rounds, self.tau_star, self.rc)

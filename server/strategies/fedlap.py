@@ -38,7 +38,7 @@ from common.fedlap.trust import param_distance, vote_radius
 from common.models import build_model, resolve_model_name
 from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
 from common.seeding import torch_generator
-from server.replies import examples_problem
+from server.replies import MAX_ABS_VALUE, arrays_problem, examples_problem
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
 
@@ -61,10 +61,13 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
         images, labels = record["images"].numpy(), record["labels"].numpy()
     except (TypeError, ValueError, OSError, EOFError) as exc:  # not a readable .npy payload
         return f"set arrays cannot be read: {exc}"
-    if images.dtype.kind != "f" or images.ndim != 1 + len(input_shape) or tuple(images.shape[1:]) != input_shape:
-        return f"images have shape {images.shape} ({images.dtype}), expected [n, {', '.join(map(str, input_shape))}]"
+    if images.dtype != np.float32 or images.ndim != 1 + len(input_shape) or tuple(images.shape[1:]) != input_shape:
+        return (f"images have shape {images.shape} ({images.dtype}), expected float32 "
+                f"[n, {', '.join(map(str, input_shape))}]")
     if not np.isfinite(images).all():
         return "images hold NaN or inf"
+    if images.size and float(np.abs(images).max()) > MAX_ABS_VALUE:
+        return f"images hold values beyond +-{MAX_ABS_VALUE:g}"
     if labels.dtype.kind not in "iu" or labels.shape != (len(images),):
         return f"labels have shape {labels.shape} ({labels.dtype}), expected [{len(images)}] integers"
     if len(labels) == 0:
@@ -171,8 +174,14 @@ class FedLap(RosterSampling, FlowerFedAvg):
             self.model, sets, lr=lr, radius=r_g, max_steps=int(self.config["fedlap-server-steps"]),
             batch=int(self.config["fedlap-server-batch"]), dsa=bool(self.config["fedlap-dsa"]),
             generator=torch_generator(int(self.config["seed"]), "server-fedlap", server_round))
+        trained = model_to_arrays(self.model)
+        diverged = arrays_problem(trained, self._sent, what="trained array")  # sets that passed the screen
+        if diverged:  # can still blow the model up: never adopt that
+            self.log(f"round {server_round}: server training on the synthetic sets diverged ({diverged}); "
+                     "the model stays unchanged")
+            return None, None
         self.last_radius = r_g
         metrics = MetricRecord({"train-loss": loss, "server-steps": steps, "server-moved": moved,
                                 "server-radius": -1.0 if r_g is None else r_g, "server-lr": lr,
                                 "sets": len(sets)})
-        return model_to_arrays(self.model), metrics
+        return trained, metrics
