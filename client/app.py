@@ -9,7 +9,7 @@ from flwr.clientapp import ClientApp
 from client.node import local_client
 from client.privacy import BudgetExhausted, refusal
 from client.resume import resumable, snapshot_folder
-from client.secagg import handle_enroll, handle_reveal, is_secure, secure_train
+from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
 from common.evaluation import evaluate
 from common.privacy.ali import GRAD_DIFF_METRIC
@@ -69,8 +69,11 @@ def train(msg: Message, context: Context) -> Message:
                      snapshot_folder(client.config, context.node_config, client.partition))
     rule = private_release(rule, client.config)
     try:
-        if client.config["secure-aggregation"] or is_secure(msg):  # reply with a masked vector (client/secagg.py)
+        if client.config["secure-aggregation"]:  # reply with a masked vector (client/secagg.py)
             return secure_train(rule, client, msg, context)
+        if is_secure(msg):  # a server faking secure aggregation would get the masking credit for nothing
+            raise SecureAggregationRefused("the train message announces secure aggregation, but this run has "
+                                           "secure-aggregation = false")
         return Message(rule(client, msg.content, context.state), reply_to=msg)
     except BudgetExhausted as refused:  # a typed refusal, not a crash
         return refusal(msg, refused)
@@ -80,6 +83,9 @@ def train(msg: Message, context: Context) -> Message:
 def secagg_enroll(msg: Message, context: Context) -> Message:
     """Secure aggregation: a key pair for this run; reply with the public key."""
     client = local_client(context)
+    if not client.config["secure-aggregation"]:
+        raise SecureAggregationRefused("asked to enroll in secure aggregation, but this run has "
+                                       "secure-aggregation = false")
     return handle_enroll(msg, context, client.config, client.num_train)
 
 
@@ -91,8 +97,11 @@ def secagg_reveal(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate_local(msg: Message, context: Context) -> Message:
-    """Evaluate the received model on this node's own test split."""
+    """Evaluate the received model on this node's own test split (non-private runs only)."""
     client = local_client(context)
+    if is_private(client.config):  # loss and accuracy of server-chosen models probe the test records
+        raise PermissionError("a private run releases no client-side evaluation (it is outside the privacy "
+                              "accounting): evaluate the global model on the server")
     load_arrays(client.model, msg.content[ARRAYS])
     loss, accuracy = evaluate(client.model, client.x_test, client.y_test, client.device)
     metrics = MetricRecord({NUM_EXAMPLES: len(client.y_test), "loss": loss, "accuracy": accuracy})

@@ -75,18 +75,24 @@ def locked(ledger: PrivacyLedger) -> Iterator[PrivacyLedger]:
         yield ledger
 
 
-def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry]) -> None:
-    """Refuse if `entries` would exceed the budget; otherwise record them (persisted)."""
+def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry],
+           also: Mapping[str, float] | None = None) -> None:
+    """Refuse if `entries` would exceed the budget; otherwise record them (persisted).
+
+    `also`: further accountants that must stay within the budget, each with a relative tolerance (Hu et
+    al.'s hu-thm1, whose sigma is calibrated to hit the target exactly); checked under the same lock."""
     if not entries:
         return
     target, delta = float(config["target-epsilon"]), float(config["target-delta"])
+    checks = {str(config["accountant"]): 0.0, **(also or {})}
     with locked(ledger):
-        if target > 0 and ledger.would_exceed(entries, target, delta, accountant=str(config["accountant"])):
-            spent = ledger.epsilon(delta, accountant=str(config["accountant"]))
-            raise BudgetExhausted(
-                f"refused: this round would take epsilon past the target {target} at delta {delta} "
-                f"(spent so far {spent:.4f}, {config['accountant']} accountant)"
-            )
+        for accountant, tolerance in checks.items():
+            if target > 0 and ledger.would_exceed(entries, target * (1 + tolerance), delta, accountant=accountant):
+                spent = ledger.epsilon(delta, accountant=accountant)
+                raise BudgetExhausted(
+                    f"refused: this round would take epsilon past the target {target} at delta {delta} "
+                    f"(spent so far {spent:.4f}, {accountant} accountant)"
+                )
         ledger.record(*entries)  # saved atomically before the lock is released
 
 

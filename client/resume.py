@@ -24,7 +24,7 @@ from typing import Callable, Mapping
 from flwr.app import ArrayRecord, RecordDict
 
 from client.privacy import state_dir
-from common.checkpoint_file import load_checkpoint, save_checkpoint
+from common.checkpoint_file import CheckpointError, load_checkpoint, save_checkpoint
 from common.records import CONFIG
 
 LINEAGE = "lineage"  # train-config key of the server's lineage token
@@ -60,9 +60,22 @@ def restore(folder: Path, lineage: str, server_round: int, state: RecordDict) ->
     if not earlier:
         return None
     snapshot_round, path = earlier[-1]
-    for key, record in load_checkpoint(path)["records"].items():
+    for key, record in _records(path).items():
         state[key] = record
     return snapshot_round
+
+
+def _records(path: Path) -> dict[str, ArrayRecord]:
+    """A snapshot's ArrayRecords; CheckpointError naming the file if it is damaged. Never an empty
+    state instead: the node would train on with state the server's checkpoint does not match."""
+    advice = (f"the node cannot restore its update-rule state: delete {path.name} (the node then restores "
+              f"an older snapshot, or none), or restart the run afresh under another run-name")
+    snapshot = load_checkpoint(path, advice)
+    records = snapshot.get("records") if isinstance(snapshot, dict) else None
+    if not isinstance(records, dict) or not all(
+            isinstance(k, str) and isinstance(v, ArrayRecord) for k, v in records.items()):
+        raise CheckpointError(f"snapshot {path} is corrupted: its 'records' are not all ArrayRecords; {advice}")
+    return records
 
 
 def save(folder: Path, lineage: str, server_round: int, state: RecordDict) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -96,8 +98,23 @@ def save_checkpoint(path: Path, state: Mapping[str, Any]) -> Path:
     return path
 
 
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    with np.load(path, allow_pickle=False) as z:
-        meta = json.loads(z["__meta__"].tobytes().decode())
-        arrays = {k[1:]: z[k] for k in z.files if k != "__meta__"}
-    return _unflatten(meta, arrays)
+# what a damaged or hostile file raises while it is read: the zip, the JSON, or a reference into the arrays
+UNREADABLE = (OSError, EOFError, ValueError, KeyError, IndexError, TypeError, AttributeError, RecursionError,
+              zipfile.BadZipFile, zlib.error)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint (or node snapshot) exists but cannot be used: unreadable, or not this run's."""
+
+
+def load_checkpoint(path: Path, what_to_do: str = "delete it") -> dict[str, Any]:
+    """The state saved at `path`; CheckpointError naming the file (and `what_to_do`) when it cannot be
+    read. Pickled (object) arrays are refused: a checkpoint may come from anywhere on disk."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            meta = json.loads(z["__meta__"].tobytes().decode())
+            arrays = {k[1:]: z[k] for k in z.files if k != "__meta__"}
+        return _unflatten(meta, arrays)
+    except UNREADABLE as exc:
+        raise CheckpointError(f"{path} is corrupted or unreadable ({type(exc).__name__}: {exc}); "
+                              f"{what_to_do}") from exc

@@ -319,7 +319,15 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
 DPSGD_STRATEGIES = ("fedavg", "fedavgm", "fedyogi", "fedprox", "ali-dpfl", "fedlap")
 
 
+def _check_run_name(name: str) -> None:
+    """run-name names folders (results, and the nodes' ledgers and snapshots under their state directory):
+    one path component, so that no run config can point them elsewhere."""
+    if any(c in name for c in "/\\\0") or name in (".", ".."):
+        raise ConfigError(f"run-name must be a single folder name (no '/', '\\', or '..'); got {name!r}")
+
+
 def _check_combinations(v: Mapping[str, Scalar]) -> None:
+    _check_run_name(str(v["run-name"]))
     if v["dataset"].startswith("syn-") and v["num-clients"] != 30:
         raise ConfigError(
             f"dataset {v['dataset']!r} is a released federation of exactly 30 clients; "

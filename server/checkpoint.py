@@ -43,6 +43,7 @@ chain are recorded; a resume with another strategy is refused.
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -51,7 +52,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
 from client.resume import LINEAGE
-from common.checkpoint_file import load_checkpoint, save_checkpoint
+from common.checkpoint_file import UNREADABLE, CheckpointError, load_checkpoint, save_checkpoint
 from common.config import ConfigError
 from common.privacy.ledger import PrivacyLedger
 
@@ -62,8 +63,10 @@ MAY_CHANGE = frozenset({"round-timeout", "node-wait-timeout", "poll-interval", "
                         "checkpoint-dir", "results-dir", "data-dir", "state-dir"})
 
 
-class CheckpointError(RuntimeError):
-    """A checkpoint exists but cannot be resumed by this run."""
+# what every checkpoint holds, and its type (bool is no int here: see _check_structure)
+SCHEMA = {"round": int, "lineage": str, "config": dict, "rows": list, "model": ArrayRecord,
+          "strategy_classes": list, "strategy": list, "mirror": dict}
+AFRESH = "delete it, or use another run-name, to start the run afresh"
 
 
 # --- strategy state ------------------------------------------------------------
@@ -101,7 +104,13 @@ def auto_state(obj, exclude: frozenset[str] | set[str] = frozenset()) -> dict[st
     return {k: v for k, v in vars(obj).items() if k not in exclude and _is_data(v)}
 
 
-def load_auto_state(obj, state: Mapping[str, Any]) -> None:
+def load_auto_state(obj, state: Mapping[str, Any], exclude: frozenset[str] | set[str] = frozenset()) -> None:
+    """Set the attributes `auto_state(obj)` saves, and only those: a checkpoint naming any other
+    (a method, the roster) is refused rather than allowed to replace it."""
+    exclude = frozenset(exclude) | getattr(type(obj), "checkpoint_exclude", frozenset())
+    unknown = sorted(set(state) - set(auto_state(obj, exclude)))
+    if unknown:
+        raise CheckpointError(f"the state of {type(obj).__name__} names attributes it does not save: {unknown}")
     for k, v in state.items():
         setattr(obj, k, v)
 
@@ -118,6 +127,26 @@ def load_strategy_state(strategy, states: list[Mapping[str, Any]]) -> None:
             s.load_state_dict(dict(state))
         else:
             load_auto_state(s, state)
+
+
+def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
+    """Every entry the resume reads is there, of the right type: a damaged file fails here, by name."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {path} is corrupted: {why}; {AFRESH}")
+
+    for key, kind in SCHEMA.items():
+        value = ckpt.get(key)
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise bad(f"{key!r} is missing or not of type {kind.__name__} (got {type(value).__name__})")
+    if not re.fullmatch(r"[0-9a-f]{1,64}", ckpt["lineage"]):  # nodes accept a hex token only
+        raise bad(f"'lineage' {ckpt['lineage'][:80]!r} is not a hex token")
+    if ckpt["round"] < 1:
+        raise bad(f"'round' is {ckpt['round']}")
+    if not all(isinstance(row, dict) for row in ckpt["rows"]):
+        raise bad("'rows' holds a value that is not a results row")
+    if not all(isinstance(state, dict) for state in ckpt["strategy"]) \
+            or len(ckpt["strategy"]) != len(ckpt["strategy_classes"]):
+        raise bad("'strategy' does not hold one state dict per strategy class")
 
 
 class Checkpointer:
@@ -142,12 +171,35 @@ class Checkpointer:
         (None, 1) for a fresh start."""
         if not self.enabled or not self.path.exists():
             return None, 1
-        ckpt = load_checkpoint(self.path)
-        if ckpt.get("format") != FORMAT:
-            raise CheckpointError(f"{self.path} is not a privfed checkpoint")
+        ckpt = self._load()
+        self._check_compatible(ckpt, strategy)
+        try:
+            load_strategy_state(strategy, ckpt["strategy"])
+            for p, ledger in ckpt["mirror"].items():
+                mirror.ledgers[int(p)] = PrivacyLedger.from_json(ledger)
+        except UNREADABLE + (CheckpointError,) as exc:
+            raise CheckpointError(f"checkpoint {self.path} holds a state this run cannot load "
+                                  f"({type(exc).__name__}: {exc}); {AFRESH}") from exc
+        self.lineage = ckpt["lineage"]
+        writer.reset(ckpt["rows"])  # only now: a refused checkpoint leaves the results as they were
+        done = int(ckpt["round"])
+        self.log(f"resuming run {self.config['run-name']!r} from {self.path}: round {done} done, "
+                 f"next round {done + 1}")
+        return ckpt["model"], done + 1
+
+    def _load(self) -> dict[str, Any]:
+        """The checkpoint, read and checked for shape: CheckpointError naming the file if it is not one."""
+        ckpt = load_checkpoint(self.path, AFRESH)
+        if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+            raise CheckpointError(f"{self.path} is not a privfed checkpoint; {AFRESH}")
         if ckpt.get("version") != VERSION:
             raise CheckpointError(f"{self.path} has checkpoint format version {ckpt.get('version')}; this privfed "
                                   f"resumes version {VERSION} only: start afresh (another run-name)")
+        _check_structure(ckpt, self.path)
+        return ckpt
+
+    def _check_compatible(self, ckpt: dict[str, Any], strategy) -> None:
+        """Refuse a checkpoint of another run config or strategy."""
         old = ckpt["config"]
         changed = sorted(k for k in set(old) | set(self.config)
                          if k not in MAY_CHANGE and old.get(k) != self.config.get(k))
@@ -158,18 +210,6 @@ class Checkpointer:
         if ckpt["strategy_classes"] != strategy_classes(strategy):
             raise CheckpointError(f"checkpoint {self.path} holds the state of {ckpt['strategy_classes']}, "
                                   f"not {strategy_classes(strategy)}")
-        load_strategy_state(strategy, ckpt["strategy"])
-        self.lineage = str(ckpt["lineage"])
-        for p, ledger in ckpt["mirror"].items():
-            mirror.ledgers[int(p)] = PrivacyLedger.from_json(ledger)
-        writer.rows = []
-        writer.metrics_path.write_text("")
-        for row in ckpt["rows"]:
-            writer.add_round(row)
-        done = int(ckpt["round"])
-        self.log(f"resuming run {self.config['run-name']!r} from {self.path}: round {done} done, "
-                 f"next round {done + 1}")
-        return ckpt["model"], done + 1
 
     def train_config(self) -> ConfigRecord:
         """What every train instruction carries for resumable runs: the lineage token."""

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Sequence
 
-from flwr.app import Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from common.records import CONFIG
@@ -49,23 +50,65 @@ def wait_for_nodes(grid: Grid, expected: int, timeout: float, log=print) -> list
         time.sleep(0.2)
 
 
-def enroll(grid: Grid, expected: int, timeout: float, log=print) -> Roster:
+def _field(info, name: str, node: int) -> int:
+    """One int field of a node's enrollment reply. The ClientApp sends ints: anything else
+    (a float, a bool, a string, nothing) is a misconfigured or hostile node."""
+    if name not in info:
+        raise FederationError(f"node {node}: enrollment reply lacks {name!r}; is it running privfed's ClientApp?")
+    value = info[name]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise FederationError(f"node {node}: enrollment field {name!r} must be an int, got {value!r}")
+    return value
+
+
+def _entry(reply: Message, expected: int, sizes: Sequence[int] | None) -> tuple[int, int]:
+    """(partition id, num-examples) of one enrollment reply, checked; FederationError naming the node."""
+    node = reply.metadata.src_node_id
+    info = reply.content.get(CONFIG)
+    if not isinstance(info, ConfigRecord):
+        raise FederationError(f"node {node}: enrollment reply has no {CONFIG!r} record; "
+                              "is it running privfed's ClientApp?")
+    partition, size = _field(info, "partition-id", node), _field(info, "num-examples", node)
+    if not 0 <= partition < expected:
+        raise FederationError(f"node {node}: partition-id {partition} is outside 0..{expected - 1} "
+                              f"(num-clients = {expected}); fix its --node-config")
+    if size <= 0:
+        raise FederationError(f"node {node}: num-examples {size} must be positive (partition {partition})")
+    # an overstated size would give the node's replies more weight than its data earns
+    if sizes is not None and partition < len(sizes) and size > sizes[partition]:
+        raise FederationError(f"node {node}: num-examples {size} exceeds partition {partition}'s "
+                              f"{sizes[partition]} training examples; check that the node loads the same dataset")
+    return partition, size
+
+
+def enroll(grid: Grid, expected: int, timeout: float, log=print, sizes: Sequence[int] | None = None) -> Roster:
+    """Enroll partitions 0..expected-1, one node each; `sizes`: each partition's true training-set size
+    where the server knows it (num-examples may not exceed it).
+
+    Every connected node must enroll cleanly: an error reply, a malformed or out-of-range entry (bad
+    partition-id or num-examples), or two nodes on one partition stop the run with a FederationError
+    naming the nodes, as does a partition no node holds. No node is silently left out: the aggregation
+    weights and the privacy accounting depend on the roster."""
     nodes = wait_for_nodes(grid, expected, timeout, log)
     asks = [Message(RecordDict(), dst_node_id=n, message_type="query.enroll") for n in nodes]
-    node_of, sizes, problems = {}, {}, []
+    node_of, sizes_of, problems = {}, {}, []
     for reply in grid.send_and_receive(asks, timeout=timeout):
         src = reply.metadata.src_node_id
         if reply.has_error():
             problems.append(f"node {src}: {reply.error.reason}")
             continue
-        info = reply.content[CONFIG]
-        partition = int(info["partition-id"])
+        try:
+            partition, size = _entry(reply, expected, sizes)
+        except FederationError as bad:
+            problems.append(str(bad))
+            continue
         if partition in node_of:
             problems.append(f"nodes {node_of[partition]} and {src} both hold partition {partition}")
             continue
-        node_of[partition], sizes[partition] = src, int(info["num-examples"])
+        node_of[partition], sizes_of[partition] = src, size
     missing = sorted(set(range(expected)) - set(node_of))
-    if missing or problems:
-        detail = "; ".join(problems) or "no reply"
-        raise FederationError(f"enrollment failed: partitions {missing} not enrolled ({detail})")
-    return Roster(node_of, sizes)
+    if missing:
+        problems.append(f"partitions {missing} not enrolled" + ("" if problems else " (no reply)"))
+    if problems:
+        raise FederationError("enrollment failed: " + "; ".join(problems))
+    return Roster(node_of, sizes_of)

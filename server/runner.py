@@ -94,7 +94,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     started = time.perf_counter()
     checkpointer = Checkpointer(config, log)  # deployment: checkpoint = true needs a run-name
     metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
-    roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log)
+    roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log,
+                    sizes=[client.num_train for client in load_federation(config).clients])  # cached: loaded anyway
     log(f"enrolled {len(roster.node_of)} clients ({sum(roster.num_examples.values())} training examples)")
 
     device = pick_device("auto")  # the server's own device, whatever the clients use
@@ -114,9 +115,12 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         grid_for_strategy = SecureAggregationGrid(metered, config, log=log,
                                                   unit_records=unit_records_for(strategy, str(config["strategy"])))
         grid_for_strategy.enroll(float(config["node-wait-timeout"]))
-    writer = ResultsWriter(str(config["results-dir"]), str(config["run-name"]) or default_run_name(config))
+    writer = ResultsWriter(str(config["results-dir"]), str(config["run-name"]) or default_run_name(config),
+                           fresh=False)  # an unreadable checkpoint must not cost the interrupted run's rows
     initial_loss, initial_accuracy = evaluate(model, x_test, y_test, device)
     resumed, first_round = checkpointer.resume(strategy, mirror, writer)  # (None, 1) unless resuming
+    if resumed is None:
+        writer.reset()
     arrays = arrays if resumed is None else resumed
 
     num_rounds = int(config["num-rounds"])

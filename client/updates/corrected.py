@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from client.updates.sgd import momentum_step
+from common.privacy.plan import local_epochs
 from common.seeding import torch_generator
 
 Correction = Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor]], None]
@@ -79,7 +80,7 @@ def train_corrected(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
 def local_plan(client, instruction) -> tuple[int, torch.Generator]:
     """(local epochs, minibatch generator) for this instruction: stragglers get fewer epochs, and
     the minibatch order is keyed on the training round (so vanilla round m = Upcycled round 2m-1)."""
-    epochs = int(instruction.get("local-epochs", client.config["local-epochs"]))
+    epochs = local_epochs(client.config, instruction)
     train_round = int(instruction.get("train-round", instruction["server-round"]))
     generator = torch_generator(int(client.config["seed"]), "client-train", client.partition, train_round)
     return epochs, generator

@@ -143,7 +143,7 @@ def hu_update(client, content, state):
 
     from client.privacy import BudgetExhausted, charge
     from client.secagg import RECORD as SECAGG, ids_from_bytes
-    from common.privacy.plan import planned_entries
+    from common.privacy.plan import is_private, planned_entries
     from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
     from common.seeding import mechanism_seed, torch_generator
 
@@ -157,23 +157,19 @@ def hu_update(client, content, state):
     secure = SECAGG in content
     # the SA credit only if masked, and only for the clients whose noise is surely in the decoded sum
     r = min(len(ids_from_bytes(content[SECAGG]["selected"])), int(config["secagg-min-survivors"])) if secure else 1
-    target, delta = float(config["target-epsilon"]), float(config["target-delta"])
 
+    if is_private(config) and not (sigma > 0 and clip > 0):  # no noise or no clipping: no guarantee, and
+        raise BudgetExhausted(                                  # rho would be charged as 0
+            f"refused: a private run needs hu-sigma > 0 and hu-clip > 0; the server sent sigma = {sigma:g}, "
+            f"clip = {clip:g}")
     if sigma > 0:
         claimed = int(instruction.get("hu-clients-per-round", 1))
         if claimed != r:  # the secure-aggregation credit only for a masked reply among r clients
             raise ValueError(f"instruction claims r = {claimed} clients per round for the accounting, "
                              f"but this reply is {f'masked, credited for {r}' if secure else 'not masked'}")
         entries = planned_entries(config, instruction, dataset_size=m)
-        ledger = client.ledger
-        if target > 0 and ledger.would_exceed(entries, target * (1 + 1e-9), delta, "hu-thm1"):
-            spent = ledger.epsilon(delta, "hu-thm1")
-            raise BudgetExhausted(
-                f"refused: round {server_round} (rho = {entries[0].params['rho']:.4g}) would take epsilon from "
-                f"{spent:.4f} past target-epsilon = {target} at delta {delta:g} (hu-thm1)")
-        charge(ledger, config, entries)  # the run's accountant too; records before training
-    elif target > 0:  # sigma = 0 would release the update without any guarantee
-        raise BudgetExhausted("refused: the run has a privacy budget (target-epsilon) but the server sent sigma = 0")
+        # the paper's conversion too (sigma is calibrated to hit the target exactly: float tolerance)
+        charge(client.ledger, config, entries, also={"hu-thm1": 1e-9})  # records before training
 
     load_arrays(client.model, content[ARRAYS])
     # Secret by default under DP: the server must not regenerate the noise or the batches.

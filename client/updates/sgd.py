@@ -87,6 +87,7 @@ def sgd_update(client, content, state):
     """FedAvg's client: local SGD from the received model; reply with the model."""
     from flwr.app import MetricRecord, RecordDict
 
+    from common.privacy.plan import local_epochs
     from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
     from common.seeding import torch_generator
 
@@ -95,7 +96,7 @@ def sgd_update(client, content, state):
     server_round = int(instruction.get("train-round", instruction["server-round"]))  # keys minibatch order
     loss = train_sgd(
         client.model, client.x, client.y,
-        epochs=int(instruction.get("local-epochs", config["local-epochs"])),
+        epochs=local_epochs(config, instruction),
         batch_size=int(config["batch-size"]), lr=float(config["lr"]), momentum=float(config["momentum"]),
         generator=torch_generator(int(config["seed"]), "client-train", client.partition, server_round),
     )

@@ -15,8 +15,23 @@ from common.privacy.events import (LedgerEntry, dpsgd_steps, objective_perturbat
 
 
 def local_steps(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> int:
-    """Steps a DP-SGD instruction asks for: the instruction's `local-steps` beats the run config's."""
-    return int(instruction.get("local-steps", config["local-steps"]))
+    """Steps a DP-SGD instruction asks for: the instruction's `local-steps` beats the run config's, but
+    never exceeds it (a server asking for 10**12 steps would hang the node or exhaust its memory in the
+    accountant). ALI-DPFL's server sets tau every round; there the client's budget check bounds it."""
+    steps = int(instruction.get("local-steps", config["local-steps"]))
+    cap = None if config["strategy"] == "ali-dpfl" else int(config["local-steps"])
+    if steps < 1 or (cap is not None and steps > cap):
+        raise ValueError(f"the instruction asks for local-steps = {steps}; this run allows 1..{cap or 'budget'}")
+    return steps
+
+
+def local_epochs(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> int:
+    """Epochs an instruction asks for: a straggler's fewer, never more than the run config's."""
+    epochs = int(instruction.get("local-epochs", config["local-epochs"]))
+    if not 1 <= epochs <= int(config["local-epochs"]):
+        raise ValueError(f"the instruction asks for local-epochs = {epochs}; this run allows "
+                         f"1..{config['local-epochs']}")
+    return epochs
 
 
 def fedlap_accesses(config: Mapping[str, Any]) -> int:
@@ -59,8 +74,13 @@ def planned_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],
 # meta["train-round"] the training-round index m (vanilla m = Upcycled 2m-1).
 
 def prox_mu(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> float:
-    """The mu of the local objective's proximal term (Thm 6.3): the instruction's, else the run's prox-mu."""
-    return float(instruction.get("proximal-mu", config["prox-mu"]))
+    """The mu of the local objective's proximal term (Thm 6.3): the instruction's, else the run's prox-mu.
+    Under objective perturbation mu enters the epsilon charged, so only the run's own mu is accepted."""
+    mu = float(instruction.get("proximal-mu", config["prox-mu"]))
+    if config["privacy"] == "objective" and mu != float(config["prox-mu"]):
+        raise ValueError(f"the instruction asks for proximal-mu = {mu:g}; objective perturbation is accounted "
+                         f"with this run's prox-mu = {config['prox-mu']:g}")
+    return mu
 
 
 def _required_size(config: Mapping[str, Any], instruction: Mapping[str, Any], dataset_size: int | None) -> int:
