@@ -58,8 +58,6 @@ client/privacy.py) refuses a participation that would take it past
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 

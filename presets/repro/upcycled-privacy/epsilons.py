@@ -31,7 +31,7 @@ from common.data import load_client  # noqa: E402
 from common.data.errors import DataFileMissing  # noqa: E402
 from common.privacy.ledger import PrivacyLedger  # noqa: E402
 from common.privacy.plan import planned_entries  # noqa: E402
-from server.report import RUN_KEYS, read_rows  # noqa: E402
+from server.report import read_rows  # noqa: E402
 
 
 def ledgers_for(config, rows) -> dict[int, PrivacyLedger]:
