@@ -115,11 +115,11 @@ def hu_train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, steps:
 
 
 # --- the update rule ------------------------------------------------------------------
-OWN_KEYS = ("hu-accountant", "hu-local-steps")  # what the ledger charges by: the client's config decides
+OWN_KEYS = ("hu-accountant", "hu-local-steps", "hu-clip")  # what the ledger charges by: the client's config
 
 
 def refuse_foreign_accounting(config, instruction) -> None:
-    """Refuse (BudgetExhausted) an instruction that asks for another accountant or tau than this
+    """Refuse (BudgetExhausted) an instruction that asks for another accountant, tau or clip than this
     client's run config: accounted the server's way, it could spend past the client's budget."""
     from client.privacy import BudgetExhausted
 
@@ -149,7 +149,7 @@ def hu_update(client, content, state):
     refuse_foreign_accounting(config, instruction)
     sigma = float(instruction["hu-sigma"])
     tau = int(config["hu-local-steps"])  # the client's own: the ledger charges exactly what it runs
-    clip = float(instruction["hu-clip"])
+    clip = float(config["hu-clip"])
     gamma, m = int(config["batch-size"]), client.num_train
     server_round = int(instruction.get("train-round", instruction["server-round"]))
     secure = SECAGG in content

@@ -65,8 +65,8 @@ def hu_entries(config: Mapping[str, Any], instruction: Mapping[str, Any], datase
     sigma = float(instruction["hu-sigma"])
     if sigma <= 0:
         return []
-    # tau and the accountant are the run config's (the client refuses an instruction that differs).
-    tau, clip = int(config["hu-local-steps"]), float(instruction["hu-clip"])
+    # tau, G and the accountant are the run config's (the client refuses an instruction that differs).
+    tau, clip = int(config["hu-local-steps"]), float(config["hu-clip"])
     accountant, gamma = str(config["hu-accountant"]), int(config["batch-size"])
     r = int(instruction.get("hu-clients-per-round", 1))
     rho = round_rho(accountant, sigma, local_steps=tau, clip=clip, dataset_size=int(dataset_size), batch_size=gamma,
