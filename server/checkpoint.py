@@ -55,6 +55,7 @@ from client.resume import LINEAGE
 from common.checkpoint_file import UNREADABLE, CheckpointError, load_checkpoint, save_checkpoint
 from common.config import ConfigError
 from common.privacy.ledger import PrivacyLedger
+from server.replies import arrays_problem
 
 FORMAT, VERSION = "privfed-checkpoint", 2  # 2: with the lineage token
 # keys that may differ between the interrupted run and the resumed one (not num-rounds: strategies
@@ -147,6 +148,8 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
     if not all(isinstance(state, dict) for state in ckpt["strategy"]) \
             or len(ckpt["strategy"]) != len(ckpt["strategy_classes"]):
         raise bad("'strategy' does not hold one state dict per strategy class")
+    if not all(isinstance(p, str) and p.isdigit() for p in ckpt["mirror"]):
+        raise bad("'mirror' is not keyed by partition ids")
 
 
 class Checkpointer:
@@ -166,13 +169,21 @@ class Checkpointer:
         folder = str(config["checkpoint-dir"]) or str(Path(str(config["results-dir"])) / "checkpoints")
         self.path = Path(folder).expanduser().resolve() / f"{name}.ckpt.npz"
 
-    def resume(self, strategy, mirror, writer) -> tuple[ArrayRecord | None, int]:
+    def resume(self, strategy, mirror, writer, model: ArrayRecord | None = None) -> tuple[ArrayRecord | None, int]:
         """Restore from the checkpoint if there is one: (global arrays, first round to run);
-        (None, 1) for a fresh start."""
+        (None, 1) for a fresh start. `model`: the run's initial model, which the saved one must match
+        array for array (names, dtypes, shapes, finite values)."""
         if not self.enabled or not self.path.exists():
             return None, 1
         ckpt = self._load()
         self._check_compatible(ckpt, strategy)
+        wrong = model is not None and arrays_problem(ckpt["model"], model, what="model array")
+        if wrong:
+            raise CheckpointError(f"checkpoint {self.path} holds another model than this run's ({wrong}); {AFRESH}")
+        unknown = sorted(set(map(int, ckpt["mirror"])) - set(mirror.ledgers))
+        if unknown:
+            raise CheckpointError(f"checkpoint {self.path} holds privacy ledgers of partitions {unknown}, which "
+                                  f"this run does not have; {AFRESH}")
         try:
             load_strategy_state(strategy, ckpt["strategy"])
             for p, ledger in ckpt["mirror"].items():

@@ -118,7 +118,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     writer = ResultsWriter(str(config["results-dir"]), str(config["run-name"]) or default_run_name(config),
                            fresh=False)  # an unreadable checkpoint must not cost the interrupted run's rows
     initial_loss, initial_accuracy = evaluate(model, x_test, y_test, device)
-    resumed, first_round = checkpointer.resume(strategy, mirror, writer)  # (None, 1) unless resuming
+    resumed, first_round = checkpointer.resume(strategy, mirror, writer, arrays)  # (None, 1) unless resuming
     if resumed is None:
         writer.reset()
     arrays = arrays if resumed is None else resumed

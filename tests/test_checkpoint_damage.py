@@ -158,3 +158,28 @@ def test_a_snapshot_holding_a_non_record_is_refused(tmp_path):
     path = save_checkpoint(tmp_path / "ab-round-00000009.npz", {"round": 9, "records": {"c": 5}})
     with pytest.raises(CheckpointError, match=f"{path}.*not all ArrayRecords"):
         resume.restore(tmp_path, "ab", 10, RecordDict())
+
+
+@pytest.mark.parametrize("reference,text", [
+    (ArrayRecord({"w": Array(np.zeros((3, 2), np.float32))}), "another model"),  # another architecture
+    (ArrayRecord({"v": Array(np.zeros((2, 3), np.float32))}), "another model"),
+])
+def test_a_checkpoint_of_another_model_is_refused(saved, reference, text):
+    cfg, _ = saved
+    strategy, mirror, writer = parts(cfg)
+    with pytest.raises(CheckpointError, match=text):
+        Checkpointer(cfg, lambda *_: None).resume(strategy, mirror, writer, reference)
+    assert Checkpointer(cfg, lambda *_: None).resume(*parts(cfg), model(0.0))[1] == 2  # the same model resumes
+
+
+def test_ledgers_of_partitions_the_run_lacks_are_refused(saved):
+    cfg, path = saved
+    def mirror(change):
+        return lambda meta: with_entry("mirror", change(meta["__dict__"]["mirror"]["__dict__"]))(meta)
+
+    rewrite(path, mirror(lambda ledgers: {"__dict__": {**ledgers, "7": ledgers["0"]}}))
+    with pytest.raises(CheckpointError, match=r"partitions \[7\]"):
+        Checkpointer(cfg, lambda *_: None).resume(*parts(cfg))
+    rewrite(path, mirror(lambda ledgers: {"__dict__": {"x": ledgers["0"]}}))
+    with pytest.raises(CheckpointError, match="partition ids"):
+        Checkpointer(cfg, lambda *_: None).resume(*parts(cfg))
