@@ -41,15 +41,13 @@ def _clean(value: Any) -> Any:
 
 
 class ResultsWriter:
-    def __init__(self, results_dir: str | Path, run_name: str, fresh: bool = True):
-        """`fresh`: start metrics.jsonl empty now; False leaves an earlier run's rows on disk until
-        `reset` (a resume must not lose them before its checkpoint has been read)."""
+    def __init__(self, results_dir: str | Path, run_name: str):
+        """An earlier run's metrics.jsonl stays on disk until `reset`: a resume must not lose its rows
+        before its checkpoint has been read."""
         self.run_dir = Path(results_dir).expanduser().resolve() / run_name
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.metrics_path = self.run_dir / "metrics.jsonl"
         self.rows: list[dict[str, Any]] = []
-        if fresh:
-            self.reset()
 
     def reset(self, rows: list[Mapping[str, Any]] = ()) -> None:
         """Start metrics.jsonl over, with `rows` (a resumed run's rows so far)."""

@@ -115,8 +115,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         grid_for_strategy = SecureAggregationGrid(metered, config, log=log,
                                                   unit_records=unit_records_for(strategy, str(config["strategy"])))
         grid_for_strategy.enroll(float(config["node-wait-timeout"]))
-    writer = ResultsWriter(str(config["results-dir"]), str(config["run-name"]) or default_run_name(config),
-                           fresh=False)  # an unreadable checkpoint must not cost the interrupted run's rows
+    # an unreadable checkpoint must not cost the interrupted run's rows: reset only once it has been read
+    writer = ResultsWriter(str(config["results-dir"]), str(config["run-name"]) or default_run_name(config))
     initial_loss, initial_accuracy = evaluate(model, x_test, y_test, device)
     resumed, first_round = checkpointer.resume(strategy, mirror, writer, arrays)  # (None, 1) unless resuming
     if resumed is None:

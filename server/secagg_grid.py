@@ -173,7 +173,7 @@ class SecureAggregationGrid(DelegatingGrid):
         self.enrollments = 0  # enrollment round trips so far
         self.report = RoundReport()
         self._has_directory: set[int] = set()
-        self.excluded: dict[int, str] = {}  # node -> why: its vector was unusable (see _refuse)
+        self.excluded: dict[int, str] = {}  # node -> why: its vector was unusable (see _exclude)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
