@@ -19,7 +19,7 @@ and its rules are `common/secagg/protocol.py`):
   encoded in fixed point mod 2^bits and masked with the pairwise PRF masks of
   the announced selected set (`SecAggClient.masked_update`). Only the
   layout (record names, array names, shapes, dtypes, metric names) travels
-  in the clear. Records in the unit-weight list are divided by w_i before
+  in the clear, covered by the vector's tag. Records in the unit-weight list are divided by w_i before
   encoding, so that after the protocol's multiplication by w_i they enter
   with weight 1 (SCAFFOLD's control delta, FedDyn's unweighted model sum).
   Deltas, not models, are masked: they are small, so a modest codec bound B
@@ -149,14 +149,14 @@ def words_record(words: np.ndarray) -> ArrayRecord:
     return ArrayRecord(OrderedDict([(WORDS, Array(np.ascontiguousarray(words)))]))
 
 
-def masked_update_to_content(mu: MaskedUpdate, layout: str) -> RecordDict:
+def masked_update_to_content(mu: MaskedUpdate) -> RecordDict:
     cfg = ConfigRecord({"run": u64b(mu.run_id), "round": u64b(mu.round), "node": u64b(mu.node_id),
                         "context": bytes(mu.context), "metric-keys": json.dumps(list(mu.metric_keys)),
-                        "tag": bytes(mu.tag), "layout": layout})
+                        "tag": bytes(mu.tag), "layout": mu.layout})
     return RecordDict({RECORD: cfg, VECTOR: words_record(mu.masked)})
 
 
-def masked_update_from_content(content: RecordDict) -> tuple[MaskedUpdate, str]:
+def masked_update_from_content(content: RecordDict) -> MaskedUpdate:
     """Parse a masked reply (KeyError / ValueError / TypeError on anything malformed)."""
     cfg = content[RECORD]
     words = content[VECTOR][WORDS].numpy()
@@ -164,8 +164,9 @@ def masked_update_from_content(content: RecordDict) -> tuple[MaskedUpdate, str]:
     if not isinstance(keys, list) or not all(isinstance(k, str) for k in keys):
         raise ValueError("metric-keys must be a list of strings")
     mu = MaskedUpdate(from_u64b(cfg["run"]), from_u64b(cfg["round"]), from_u64b(cfg["node"]),
-                      as_bytes(cfg["context"], "context"), tuple(keys), words, as_bytes(cfg["tag"], "tag"))
-    return mu, str(cfg["layout"])
+                      as_bytes(cfg["context"], "context"), tuple(keys), words, as_bytes(cfg["tag"], "tag"),
+                      str(cfg["layout"]))
+    return mu
 
 
 def reveal_request_to_content(req: RevealRequest) -> RecordDict:
@@ -372,13 +373,13 @@ def secure_train(rule: Rule, client: Any, msg: Message, context: Context) -> Mes
     reply = rule(client, instruction, context.state)
     try:
         vector, weight, metrics, layout = encode_reply(reply, instruction, unit, float(cfg["weight-scale"]))
-        masked = sa.masked_update(round_, selected, vector, weight, metrics)
+        masked = sa.masked_update(round_, selected, vector, weight, metrics, layout=layout)
     except CodecRangeError as exc:
         return Message(failure_content(f"value outside the secure-aggregation codec range: {exc}"), reply_to=msg)
     except ValueError as exc:
         return Message(failure_content(f"cannot encode the reply for secure aggregation: {exc}"), reply_to=msg)
     _save(context, sa, digest)  # the round's masks are used: persist before the vector leaves
-    return Message(masked_update_to_content(masked, layout), reply_to=msg)
+    return Message(masked_update_to_content(masked), reply_to=msg)
 
 
 def handle_reveal(msg: Message, context: Context, config: Mapping[str, Any]) -> Message:

@@ -408,10 +408,10 @@ class SecureAggregationGrid(DelegatingGrid):
         return accepted, errors, layout
 
     def _parse(self, reply: Message, node: int, refs: dict[str, ArrayRecord]) -> tuple[MaskedUpdate, dict[str, Any]]:
-        mu, layout_json = masked_update_from_content(reply.content)
+        mu = masked_update_from_content(reply.content)
         if mu.node_id != node:
             raise ValueError(f"the masked update names node {mu.node_id}")
-        layout = self._check_layout(layout_json, refs)
+        layout = self._check_layout(mu.layout, refs)  # parsed now, authenticated by receive's tag check
         if mu.masked.shape != (layout_size(layout) + 1 + len(mu.metric_keys),):
             raise ValueError("its vector length does not match its layout")
         return mu, layout

@@ -293,7 +293,7 @@ def _tamper_train(mode: str, reply: Message) -> None:
         layout = json.loads(str(cfg["layout"]))
         layout["records"][0]["arrays"][0][1] = "<U1"
         cfg["layout"] = json.dumps(layout)
-    elif mode == "same layout, other whitespace":  # not a fault: layouts compare parsed
+    elif mode == "layout re-serialised in transit":  # the same layout parsed, but the tag covers the text
         cfg["layout"] = json.dumps(json.loads(str(cfg["layout"])), indent=1)
 
 
@@ -312,7 +312,7 @@ class Tamper(Recorder):
 
 
 @pytest.mark.parametrize("mode", ["empty vector", "int node id", "huge layout", "deep json", "string dtype",
-                                  "same layout, other whitespace"])
+                                  "layout re-serialised in transit"])
 def test_one_hostile_reply_never_crashes_the_server_or_unmasks_anyone(mode):
     config = validate({**BASE, "num-rounds": 2, "secure-aggregation": True})
     with InProcessGrid(CLIENT_APP, dict(config), 4) as grid:
@@ -327,9 +327,6 @@ def test_one_hostile_reply_never_crashes_the_server_or_unmasks_anyone(mode):
             return list(secure.send_and_receive(msgs, timeout=30)), secure.report
 
         replies, report = one_round(1)
-        if mode.startswith("same layout"):
-            assert len(replies) == 4 and not report.problems and not secure.excluded
-            return
         bad = next(r.metadata.src_node_id for r in rec.received if r.metadata.message_type == MessageType.TRAIN)
         assert replies == [] and report.aborted and list(report.problems) == [bad]  # no model from round 1
         assert bad in secure.excluded

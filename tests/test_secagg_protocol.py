@@ -266,6 +266,8 @@ def test_replayed_vector_from_another_round_is_rejected():
     tampered[3] += np.uint64(1)
     with pytest.raises(AuthenticationError):
         server.receive(dataclasses.replace(new_a, masked=tampered))
+    with pytest.raises(AuthenticationError):  # what the words mean is authenticated with them
+        server.receive(dataclasses.replace(new_a, layout="other"))
     # none of the rejections changed the state: the honest round still decodes
     server.receive(new_a)
     with pytest.raises(DuplicateError):

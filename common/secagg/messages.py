@@ -7,7 +7,8 @@ unmasked value):
     server -> client  Directory         run_id, server_public_key, {node_id: public_key}
     server -> client  RoundAnnouncement run_id, round, selected ids
     client -> server  MaskedUpdate      run_id, round, node_id, context (32 B), metric
-                                        names, masked words (uint32/uint64), tag (16 B)
+                                        names, masked words (uint32/uint64), tag (16 B),
+                                        layout (what the words mean; a caller's string)
     server -> client  RevealRequest     run_id, round, survivors, dropped
     client -> server  MaskReveal        run_id, round, node_id, dropped, signed sum of
                                         the round's pairwise masks with the dropped
@@ -168,22 +169,24 @@ class MaskedUpdate:
     metric_keys: tuple[str, ...]
     masked: np.ndarray
     tag: bytes
+    layout: str = ""  # what the vector's entries mean (the caller's format); authenticated with it
 
     def header_bytes(self) -> bytes:
         return (KIND_UPDATE + u64(self.run_id) + u64(self.round) + u64(self.node_id)
-                + bytes(self.context) + _pack_strs(self.metric_keys) + _vec_desc(self.masked))
+                + bytes(self.context) + _pack_strs(self.metric_keys) + _pack_strs((self.layout,))
+                + _vec_desc(self.masked))
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": "masked-update", "run_id": self.run_id, "round": self.round,
                 "node_id": self.node_id, "context": bytes(self.context),
                 "metric_keys": list(self.metric_keys), "masked": self.masked,
-                "tag": bytes(self.tag)}
+                "tag": bytes(self.tag), "layout": self.layout}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "MaskedUpdate":
         return cls(int(d["run_id"]), int(d["round"]), int(d["node_id"]), bytes(d["context"]),
                    tuple(str(k) for k in d["metric_keys"]), np.asarray(d["masked"]),
-                   bytes(d["tag"]))
+                   bytes(d["tag"]), str(d.get("layout", "")))
 
 
 @dataclass(frozen=True)

@@ -326,12 +326,15 @@ class SecAggClient:
         metrics: Mapping[str, float] | None = None,
         *,
         clip: bool = False,
+        layout: str = "",
     ) -> MaskedUpdate:
         """Encode [weight * vector, weight, metrics], add this round's pairwise masks, tag it.
 
         `vector` is a flat real array (the model update), `weight` >= 0 (e.g.
         the number of examples), `metrics` a {name: value} dict whose values the
-        server learns only as sums. A value outside the codec's clip bound
+        server learns only as sums, `layout` the caller's description of what
+        the vector's entries mean (array names and shapes), which the tag
+        covers so that nobody on the way can make the server misread them. A value outside the codec's clip bound
         raises `CodecRangeError` naming it unless `clip=True`. Raises
         `RefusedError` for an unsafe request (see module docstring).
         """
@@ -397,7 +400,7 @@ class SecAggClient:
             generator=self._generator(),
         )
         ctx = round_context(self._fp, self.run_id, round_, {j: self._key_of(j) for j in sel})
-        msg = MaskedUpdate(self.run_id, round_, self.node_id, ctx, keys, words, b"")
+        msg = MaskedUpdate(self.run_id, round_, self.node_id, ctx, keys, words, b"", layout)
         tag = compute_tag(self._mac_key, KIND_UPDATE, round_, msg.header_bytes(), words)
         self._last_round = round_
         self._round_selected = sel
