@@ -109,11 +109,27 @@ def load_auto_state(obj, state: Mapping[str, Any], exclude: frozenset[str] | set
     """Set the attributes `auto_state(obj)` saves, and only those: a checkpoint naming any other
     (a method, the roster) is refused rather than allowed to replace it."""
     exclude = frozenset(exclude) | getattr(type(obj), "checkpoint_exclude", frozenset())
-    unknown = sorted(set(state) - set(auto_state(obj, exclude)))
+    saved = auto_state(obj, exclude)
+    unknown = sorted(set(state) - set(saved))
     if unknown:
         raise CheckpointError(f"the state of {type(obj).__name__} names attributes it does not save: {unknown}")
+    wrong = sorted(k for k, v in state.items()
+                   if v is not None and saved[k] is not None and _kind(v) != _kind(saved[k]))
+    if wrong:  # checked before any is set: a refused state changes nothing
+        raise CheckpointError(f"the state of {type(obj).__name__} has values of the wrong type for {wrong}")
     for k, v in state.items():
         setattr(obj, k, v)
+
+
+def _kind(v: Any) -> Any:
+    """What a saved value must share with the attribute it replaces (None: not set yet, any kind)."""
+    if isinstance(v, bool):
+        return bool
+    if isinstance(v, (int, float, np.number)):
+        return "number"
+    if isinstance(v, (list, tuple)):
+        return "sequence"
+    return type(v)
 
 
 def strategy_state(strategy) -> list[dict[str, Any]]:

@@ -108,6 +108,15 @@ def test_load_auto_state_sets_only_saved_attributes(tmp_path):
     assert isinstance(strategy.roster, Roster) and callable(strategy.configure_train)
 
 
+def test_load_auto_state_refuses_values_of_another_type_and_sets_nothing(tmp_path):
+    strategy = build_strategy(config(tmp_path), ROSTER, lambda *_: None)
+    with pytest.raises(CheckpointError, match=r"wrong type for \['retired', 'server_momentum'\]"):
+        load_auto_state(strategy, {"seed": 5, "server_momentum": "0.9", "retired": [1]})
+    assert strategy.seed != 5 and isinstance(strategy.server_momentum, float) and strategy.retired == set()
+    load_auto_state(strategy, {"seed": 5, "server_momentum": 0, "momentum_vector": {"w": 1}})  # int for float
+    assert strategy.seed == 5 and strategy.momentum_vector == {"w": 1}
+
+
 def run(cfg, run_id):
     client.node._local.clear()
     with InProcessGrid("client.app:app", dict(cfg), 3, run_id=run_id) as grid:
