@@ -45,6 +45,8 @@ def arrays_problem(got: ArrayRecord, reference: Mapping[str, Any], what: str = "
             values = got[key].numpy()
         except (TypeError, ValueError, OSError, EOFError) as exc:  # not a readable .npy payload
             return f"{what} {key!r} cannot be read: {exc}"
+        if not isinstance(values, np.ndarray):  # np.load turns zip bytes into an NpzFile
+            return f"{what} {key!r} is not an array payload"
         want_dtype, want_shape = np.dtype(ref.dtype), tuple(ref.shape)
         if values.dtype != want_dtype or values.shape != want_shape:
             return (f"{what} {key!r} is {values.dtype} of shape {values.shape}, "

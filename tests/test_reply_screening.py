@@ -29,6 +29,15 @@ def with_w(w: Array) -> ArrayRecord:
     return ArrayRecord({"w": w, "b": Array(np.zeros(2, np.float32))})
 
 
+def _npz() -> bytes:
+    import io
+    buf = io.BytesIO()
+    np.savez(buf, w=np.zeros((2, 3), np.float32))
+    return buf.getvalue()
+
+
+NPZ = _npz()  # np.load returns an NpzFile for zip bytes, not an array
+
 BAD_MODELS = {
     "strings": (with_w(Array(np.full((2, 3), "x"))), "<U1"),
     "complex": (with_w(Array(np.full((2, 3), 1j, np.complex64))), "complex64"),
@@ -37,6 +46,7 @@ BAD_MODELS = {
     "nan": (with_w(Array(np.full((2, 3), np.nan, np.float32))), "NaN"),
     "unreadable": (with_w(Array(dtype="float32", shape=(2, 3), stype="numpy.ndarray", data=b"junk")),
                    "cannot be read"),
+    "npz": (with_w(Array(dtype="float32", shape=(2, 3), stype="numpy.ndarray", data=NPZ)), "not an array"),
     "names": (ArrayRecord({"w": Array(np.zeros((2, 3), np.float32))}), "names differ"),
     "huge": (with_w(Array(np.full((2, 3), 1e25, np.float32))), "beyond"),  # overflows FedYogi's v
 }
