@@ -11,6 +11,12 @@ folder, fsync, `os.replace`), holding
 - `model/<name>`: the global model's arrays after that round;
 - `strategy/<path>`: the arrays of the strategy's state.
 
+Before a round's instructions leave, `<run-name>.inflight.npz` records the
+ledger entries the instructed clients will charge; it is deleted once that
+round is checkpointed. A server that dies in between cannot know whether its
+clients trained (and charged), so the resume counts that round in the mirror
+too: it may over-count one round, never under-count.
+
 A restarted ServerApp is a new Flower run (new run id), so a run is identified
 by privfed's `run-name`, which must be set explicitly for checkpointing. When
 a checkpoint for the run-name exists, the run resumes at the next round: the
@@ -212,7 +218,44 @@ class Checkpointer:
         done = int(ckpt["round"])
         self.log(f"resuming run {self.config['run-name']!r} from {self.path}: round {done} done, "
                  f"next round {done + 1}")
+        if self._charge_lost_round(done, mirror):
+            self.save(done, ckpt["model"], strategy, mirror, writer)  # the charge survives a second crash
         return ckpt["model"], done + 1
+
+    @property
+    def inflight_path(self) -> Path:
+        return self.path.with_name(self.path.name.replace(".ckpt.npz", ".inflight.npz"))
+
+    def begin_round(self, server_round: int, planned: Mapping[int, list]) -> None:
+        """Before a round's instructions leave: what the instructed clients may release in it. If the
+        server dies before that round is checkpointed, the clients' ledgers hold the round (they charge
+        before releasing) but the checkpoint's mirror does not; `resume` adds it back (an upper bound)."""
+        if not self.enabled or not any(planned.values()):
+            return
+        save_checkpoint(self.inflight_path, {
+            "lineage": self.lineage, "round": server_round,
+            "mirror": {str(p): PrivacyLedger(list(entries)).to_json() for p, entries in planned.items() if entries}})
+
+    def _charge_lost_round(self, done: int, mirror) -> bool:
+        if not self.inflight_path.exists():
+            return False
+        try:
+            lost = load_checkpoint(self.inflight_path, AFRESH)
+            if lost["lineage"] != self.lineage or lost["round"] != done + 1:
+                return False  # another run's, or a round that was checkpointed after all
+            ledgers = {int(p): PrivacyLedger.from_json(ledger) for p, ledger in lost["mirror"].items()}
+        except UNREADABLE as exc:
+            raise CheckpointError(f"{self.inflight_path} (the privacy of round {done + 1}, interrupted) cannot "
+                                  f"be read ({type(exc).__name__}: {exc}); {AFRESH}") from exc
+        unknown = sorted(set(ledgers) - set(mirror.ledgers))
+        if unknown:
+            raise CheckpointError(f"{self.inflight_path} names partitions {unknown}, which this run does not "
+                                  f"have; {AFRESH}")
+        for p, ledger in ledgers.items():
+            mirror.record(p, list(ledger.entries))
+        self.log(f"round {done + 1} was interrupted after its instructions left: the privacy its "
+                 f"{len(ledgers)} instructed clients may have spent is counted (as their own ledgers do)")
+        return True
 
     def _load(self) -> dict[str, Any]:
         """The checkpoint, read and checked for shape: CheckpointError naming the file if it is not one."""
@@ -252,3 +295,4 @@ class Checkpointer:
             "strategy": strategy_state(strategy),
             "mirror": {str(p): ledger.to_json() for p, ledger in mirror.ledgers.items()},
         })
+        self.inflight_path.unlink(missing_ok=True)  # the round is in the checkpoint now

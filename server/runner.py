@@ -67,6 +67,7 @@ def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, rep
     where the grid left some out; None: all."""
     partition_of = {node: p for p, node in roster.node_of.items()}
     errors = {r.metadata.src_node_id: r.error for r in replies if r.has_error()}
+    planned = planned_by_partition(config, roster, messages)
     for msg in messages:
         node = msg.metadata.dst_node_id
         partition, error = partition_of[node], errors.get(node)
@@ -74,8 +75,17 @@ def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, rep
             log(f"partition {partition} (node {node}) refused: {error.reason}; it is no longer selected")
             retire(strategy, partition)
         elif error is None and (sent is None or node in sent):
-            mirror.record(partition, planned_entries(config, msg.content[CONFIG],
-                                                     dataset_size=roster.num_examples[partition]))
+            mirror.record(partition, planned[partition])
+
+
+def planned_by_partition(config, roster, messages) -> dict[int, list]:
+    """The ledger entries each instructed partition records before it releases its update."""
+    partition_of = {node: p for p, node in roster.node_of.items()}
+    planned = {}
+    for msg in messages:
+        p = partition_of[msg.metadata.dst_node_id]
+        planned[p] = planned_entries(config, msg.content[CONFIG], dataset_size=roster.num_examples[p])
+    return planned
 
 
 def instructed(grid: Grid, metered: MeteredGrid) -> set[int] | None:
@@ -131,6 +141,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             log(f"no client can train within its privacy budget; ending the run after round {server_round - 1}")
             break
         messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))
+        checkpointer.begin_round(server_round, planned_by_partition(config, roster, messages))
         replies = list(grid_for_strategy.send_and_receive(messages, timeout=float(config["round-timeout"])))
         account_round(config, strategy, roster, mirror, messages, replies, log,
                       instructed(grid_for_strategy, metered))

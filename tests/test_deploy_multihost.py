@@ -331,8 +331,11 @@ def test_restarted_run_matches_the_simulation(fed, scenario):
     a, b = _rows(ref), _rows(fed.results / "mh")
     assert [r["round"] for r in b] == [1, 2, 3, 4]
     for ra, rb in zip(a[:3], b[:3]):
-        for key in ("accuracy", "loss", "epsilon_max"):
+        for key in ("accuracy", "loss"):
             assert rb[key] == pytest.approx(ra[key], rel=1e-5, abs=1e-6), (rb["round"], key)
+    # epsilon: equal before the restart; after it, the round the killed ServerApp may have started counts
+    assert b[0]["epsilon_max"] == pytest.approx(a[0]["epsilon_max"], rel=1e-5)
+    assert all(rb["epsilon_max"] >= ra["epsilon_max"] * (1 - 1e-5) for ra, rb in zip(a[1:3], b[1:3]))
     # the global model after round 3 (from the round-3 checkpoint) against the reference's round 3
     ref3 = run_inprocess(validate(run_config(**{"run-name": "ref3", "checkpoint": False, "num-rounds": 3,
                                                 "results-dir": str(fed.tmp / "ref")})))
@@ -355,18 +358,19 @@ def test_killed_supernode_the_run_completes_with_the_others(scenario, fed):
 
 def test_serverapp_restart_keeps_privacy_accounting(scenario, fed):
     """The mirror resumes from the checkpoint (not re-counted), the clients' ledgers continue
-    under the run-name across Flower run ids (not fresh)."""
+    under the run-name across Flower run ids (not fresh), and the mirror never counts less than a
+    client's own ledger holds."""
     from common.privacy.ledger import PrivacyLedger
 
     assert scenario["rc"] == 0, scenario["log"][-4000:]
-    summary = json.loads((fed.results / "mh" / "summary.json").read_text())
-    for p in ("0", "1", "2"):  # one DP-SGD entry per instruction sent, 4 rounds
-        assert summary["privacy"]["ledgers"][p]["steps"] == 4 * STEPS, summary["privacy"]
+    mirror = json.loads((fed.results / "mh" / "summary.json").read_text())["privacy"]["ledgers"]
+    for p in ("0", "1", "2"):  # 4 rounds, plus round 2 if the killed ServerApp had started it
+        assert 4 * STEPS <= mirror[p]["steps"] <= 5 * STEPS, mirror
     for i in (1, 2):
         ledger = PrivacyLedger.load(fed.state_dir(i) / "name-mh" / f"partition-{i - 1}.ledger.json")
         assert set(ledger.rounds()) == {1, 2, 3, 4}
         # at most one extra: an instruction of the killed ServerApp carried out before it was stopped
-        assert 4 * STEPS <= ledger.steps() <= 5 * STEPS, ledger.to_json()
+        assert 4 * STEPS <= ledger.steps() <= mirror[str(i - 1)]["steps"], (ledger.to_json(), mirror)
 
 
 def test_unregistered_node_is_refused(fed):
