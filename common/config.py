@@ -13,6 +13,7 @@ accepts overrides of keys it already knows); `tests/test_config.py` checks it.
 from __future__ import annotations
 
 import difflib
+import math
 import os
 import tomllib
 from dataclasses import dataclass
@@ -295,6 +296,8 @@ def _check_value(key: str, spec: Key, value: Any) -> Scalar:
         raise ConfigError(
             f"config key {key!r} must be {spec.allowed()}; got {value!r} ({type(value).__name__})"
         )
+    if kind is float and not math.isfinite(value):  # NaN passes every range check below
+        raise ConfigError(f"config key {key!r} must be a finite {spec.allowed()[2:]}; got {value!r}")
     if spec.choices is not None and value not in spec.choices:
         raise ConfigError(f"config key {key!r} must be {spec.allowed()}; got {value!r}")
     if spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low):
@@ -340,6 +343,9 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["strategy"] == "ali-dpfl" and (v["privacy"] != "dpsgd" or v["target-epsilon"] <= 0):  # ALI-DPFL
         raise ConfigError("strategy 'ali-dpfl' plans DP-SGD iterations from the budget: set privacy = 'dpsgd' "
                           "and target-epsilon > 0 (local-steps is then set by the server every round)")
+    if v["strategy"] == "ali-dpfl" and v["upcycled"]:  # its even rounds train nobody, yet R_s would count them
+        raise ConfigError("strategy 'ali-dpfl' cannot run with upcycled = true: ALI plans tau* over R_s = "
+                          "num-rounds training rounds, and Upcycled-FL's even rounds train no client")
     if v["privacy"] == "dpsgd" and v["strategy"] not in DPSGD_STRATEGIES:
         raise ConfigError(f"privacy = 'dpsgd' trains with client/updates/dpsgd.py, which has no local rule of "
                           f"strategy {v['strategy']!r} (its correction would be dropped); use one of "
@@ -413,7 +419,7 @@ def _check_secure_aggregation(v: Mapping[str, Scalar]) -> None:
                               f"hu-* keys): set privacy = 'none' (got {v['privacy']!r})")
         if v["hu-clip"] == 0 and (v["hu-sigma"] > 0 or v["target-epsilon"] > 0):
             raise ConfigError("hu-clip = 0 (no clipping) is only the non-private baseline: it needs hu-sigma = 0 "
-                              "and hu-epsilon = 0 (noise without a clipping bound has no privacy guarantee)")
+                              "and target-epsilon = 0 (noise without a clipping bound has no privacy guarantee)")
         if v["hu-accountant"] == "paper-dsgd" and v["hu-local-steps"] != 1:
             raise ConfigError("hu-accountant = 'paper-dsgd' is the DP-DSGD baseline's formula: it needs "
                               f"hu-local-steps = 1 (got {v['hu-local-steps']})")
@@ -453,8 +459,11 @@ def load_preset(path: str | os.PathLike) -> dict[str, Scalar]:
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"preset file not found: {path}")
-    with path.open("rb") as fh:
-        raw = tomllib.load(fh)
+    try:
+        with path.open("rb") as fh:
+            raw = tomllib.load(fh)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise ConfigError(f"preset {path} is not valid TOML ({err})") from None
     validate(raw)  # fail early, naming the bad key
     return raw
 

@@ -59,7 +59,8 @@ class AliDpfl(FedAvg):
             raise ValueError(f"target-epsilon {target} allows no DP-SGD step at q={self.q}, sigma={self.sigma}")
         self.b_hat = ali.batch_estimate(self.q, roster.num_examples.values())
         self.condition = "I (R_s >= R_c: tau = 1)" if self.rounds >= self.rc else "II (R_s < R_c: tau* by Eq. 9)"
-        self.tau_star = int(config["ali-tau-init"])
+        # Lemma 1: tau* = 1 throughout when R_s >= R_c; the first tau* is clamped like every later one
+        self.tau_star = 1 if self.rounds >= self.rc else min(int(config["ali-tau-init"]), self.tau_max)
         self.steps = {p: 0 for p in roster.partitions}  # t per client (= its ledger's steps)
         self.mu: float | None = None
         self.num_params: int | None = None
@@ -110,6 +111,8 @@ class AliDpfl(FedAvg):
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
+        # read before screening: the screen drops a metric from every reply when one reply lacks it
+        grad_diffs = _grad_diffs(replies) if self.estimator == "paper" else {}
         for r in replies:  # a refusal spent nothing (the runner retires that client)
             if r.has_error() and r.error.code == BUDGET_EXHAUSTED:
                 self.steps[self._partition_of[r.metadata.src_node_id]] -= self._tau
@@ -117,7 +120,7 @@ class AliDpfl(FedAvg):
         arrays, metrics = FlowerFedAvg.aggregate_train(self, server_round, good)
         raw = None
         if arrays is not None and good:
-            raw = self._estimate_mu(arrays, good)
+            raw = self._estimate_mu(arrays, good, grad_diffs)
         if raw is not None and math.isfinite(raw):  # min/max would pass NaN through to Eq. 9
             clamped = min(max(raw, self.mu_min), self.mu_max)
             self.mu = clamped if self.mu is None else self.mu_ema * self.mu + (1 - self.mu_ema) * clamped
@@ -126,24 +129,24 @@ class AliDpfl(FedAvg):
         if self.rounds < self.rc and self.mu is not None:
             eq9 = ali.optimal_tau(self.mu, self.clip, self.gamma, horizon, self.sigma, self.num_params, self.b_hat)
             self.tau_star = ali.round_tau(eq9, self.tau_max)
-        t = self.steps_done()
+        t = max(self.steps.values(), default=0)  # steps_done() is R_c once every client is retired
         self._row.update(ali_mu_raw=raw, ali_mu=self.mu, ali_T=horizon, ali_eq9=eq9, ali_tau_next=self.tau_star,
                          ali_steps=t)
         self.history.append({"round": server_round, **self._row})
         self.log(f"ALI-DPFL round {server_round}: tau {self._tau}, t {t}/{self.rc}, mu_raw "
                  f"{_fmt(raw)}, mu {_fmt(self.mu)}, T {horizon}, Eq.9 {_fmt(eq9)} -> tau* {self.tau_star}")
-        if t >= self.rc:
+        if self.active_partitions() and self.steps_done() >= self.rc:
             self.log(f"ALI-DPFL: R_c = {self.rc} iterations reached after round {server_round}; stopping")
             self._retire_all()
         return arrays, metrics
 
-    def _estimate_mu(self, arrays: ArrayRecord, good: list[Message]) -> float | None:
+    def _estimate_mu(self, arrays: ArrayRecord, good: list[Message], grad_diffs: dict[int, float]) -> float | None:
         sizes = {self._partition_of[m.metadata.src_node_id]: float(m.content[METRICS][NUM_EXAMPLES]) for m in good}
         total = sum(sizes.values())
         weights = {p: n / total for p, n in sizes.items()}
         if self.estimator == "paper":
             models = [arrays_to_vector(m.content[ARRAYS]) for m in good]
-            diffs = [float(m.content[METRICS].get(GRAD_DIFF_METRIC, math.nan)) for m in good]
+            diffs = [grad_diffs.get(m.metadata.src_node_id, math.nan) for m in good]
             return paper_mu(self._w_start, models, diffs, [weights[self._partition_of[m.metadata.src_node_id]]
                                                            for m in good])
         return self.secant.update(self._w_start, arrays_to_vector(arrays), self._tau, weights)
@@ -161,6 +164,17 @@ class AliDpfl(FedAvg):
     def extra_round_metrics(self) -> dict:
         """tau of the round, mu estimates and the next tau* (added to metrics.jsonl by the runner)."""
         return dict(self._row)
+
+
+def _grad_diffs(replies: list[Message]) -> dict[int, float]:
+    """node -> its reported ||grad F_i(w^i) - grad F_i(w)||, where the reply holds a number there."""
+    out = {}
+    for r in replies:
+        record = None if r.has_error() else r.content.get(METRICS)
+        value = record.get(GRAD_DIFF_METRIC) if isinstance(record, MetricRecord) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[r.metadata.src_node_id] = float(value)
+    return out
 
 
 def _fmt(x) -> str:
