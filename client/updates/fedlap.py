@@ -32,7 +32,7 @@ post-processing entry to show it. Radius calibration reads real data, so
 under DP it is off and r_k = r.
 
 Reply: an ArrayRecord `fedlap` with `images` (float32 [n, c, h, w]) and
-`labels` (uint8 [n]), and a MetricRecord with num-examples, radius, losses.
+`labels` (uint8 [n]; int64 beyond 255 classes), and a MetricRecord with num-examples, radius, losses.
 """
 
 from __future__ import annotations
@@ -200,7 +200,7 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
         with locked(client.ledger) as ledger:  # a read-modify-write of the shared ledger file
             ledger.record(post_processing(round=server_round, note="FedLAP synthesis and local steps on S_k"))
     images_np = images.detach().cpu().numpy().astype(np.float32)
-    labels_np = labels.cpu().numpy().astype(np.uint8)
+    labels_np = labels.cpu().numpy()
     state[STATE_KEY] = set_record(images_np, labels_np)
     metrics = {NUM_EXAMPLES: client.num_train, RADIUS: float(r_k),
                "match-loss": counts["match_loss"] if math.isfinite(counts["match_loss"]) else -1.0,
@@ -213,9 +213,11 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
 
 
 def set_record(images: np.ndarray, labels: np.ndarray) -> ArrayRecord:
-    """The wire form of S_k: float32 images [n, c, h, w] and uint8 labels [n]."""
+    """The wire form of S_k: float32 images [n, c, h, w] and uint8 labels [n] (int64 beyond 255 classes)."""
+    small = labels.size == 0 or (labels.min() >= 0 and labels.max() < 256)  # else uint8 would wrap silently
     return ArrayRecord(OrderedDict([("images", torch.from_numpy(np.ascontiguousarray(images, dtype=np.float32))),
-                                    ("labels", torch.from_numpy(np.ascontiguousarray(labels, dtype=np.uint8)))]))
+                                    ("labels", torch.from_numpy(np.ascontiguousarray(
+                                        labels, dtype=np.uint8 if small else np.int64)))]))
 
 
 def calibrate(client, images, labels, content, eta: float, cap: float, gen: torch.Generator) -> float:

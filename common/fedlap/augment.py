@@ -77,6 +77,9 @@ _FN = {"color": _color, "crop": _crop, "cutout": _cutout, "flip": _flip, "scale"
 
 def augment(x: torch.Tensor, seed: int, ops: tuple[str, ...] = OPS) -> torch.Tensor:
     """One seeded op from `ops` on the batch x [n, c, h, w]; same seed, same transform."""
+    if x.dim() != 4:  # flat features (Synthetic, Adult) have no geometry to transform
+        raise ValueError(f"DSA augmentation needs image batches [n, c, h, w], got shape {tuple(x.shape)}: "
+                         "set fedlap-dsa = false for non-image data")
     if len(x) == 0:
         return x
     g = torch.Generator().manual_seed(int(seed))

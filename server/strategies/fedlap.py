@@ -15,7 +15,7 @@ clients released: no privacy event.
 
 Replies carry images, not models, so they get their own screening
 (`set_problem`): shapes, finite values, labels in range, exactly ipc images of
-each present class, a finite positive radius and a plausible example count. A
+each present class, a radius in (0, r] and a plausible example count. A
 bad reply is dropped with a log line, never a crash. Secure aggregation cannot
 apply (the server needs the individual sets): `common/config.py` refuses it.
 """
@@ -32,6 +32,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from client.updates.fedlap import LR_KEY, RADIUS, SET_KEY, round_lr
+from common.config import ConfigError
 from common.data import load_federation
 from common.fedlap.augment import augment
 from common.fedlap.trust import param_distance, vote_radius
@@ -44,7 +45,7 @@ from server.strategies.fedavg import RosterSampling
 
 
 def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_classes: int,
-                max_examples: int | None) -> str | None:
+                max_examples: int | None, max_radius: float = math.inf) -> str | None:
     """Why a FedLAP reply cannot be used, or None if it can."""
     if msg.has_error():
         return f"client error: {msg.error.reason}"
@@ -61,6 +62,8 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
         images, labels = record["images"].numpy(), record["labels"].numpy()
     except (TypeError, ValueError, OSError, EOFError) as exc:  # not a readable .npy payload
         return f"set arrays cannot be read: {exc}"
+    if not isinstance(images, np.ndarray) or not isinstance(labels, np.ndarray):  # .npz bytes load as an NpzFile
+        return "set arrays are not single .npy arrays"
     if images.dtype != np.float32 or images.ndim != 1 + len(input_shape) or tuple(images.shape[1:]) != input_shape:
         return (f"images have shape {images.shape} ({images.dtype}), expected float32 "
                 f"[n, {', '.join(map(str, input_shape))}]")
@@ -80,6 +83,8 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
     radius = metric.get(RADIUS)
     if not isinstance(radius, (int, float)) or isinstance(radius, bool) or not math.isfinite(radius) or radius <= 0:
         return f"{RADIUS!r} must be a positive finite number, got {radius!r}"
+    if radius > max_radius:  # clients clip r_k to r: a larger one is forged (it would steer a max/median vote)
+        return f"{RADIUS!r} = {radius!r} exceeds the trust-region radius r = {max_radius!r}"
     return examples_problem(metric, max_examples)
 
 
@@ -123,6 +128,9 @@ class FedLap(RosterSampling, FlowerFedAvg):
         self.config = config
         federation = load_federation(config)
         self.input_shape = tuple(federation.input_shape)
+        if config["fedlap-dsa"] and len(self.input_shape) != 3:
+            raise ConfigError(f"fedlap-dsa = true augments images [c, h, w], but dataset {config['dataset']!r} has "
+                              f"inputs of shape {self.input_shape}: set fedlap-dsa = false")
         self.num_classes = int(federation.num_classes)
         name = resolve_model_name(str(config["model"]), str(config["dataset"]))
         from common.evaluation import pick_device
@@ -142,7 +150,8 @@ class FedLap(RosterSampling, FlowerFedAvg):
             p = self._partition_of.get(msg.metadata.src_node_id)
             problem = set_problem(msg, ipc=int(self.config["fedlap-ipc"]), input_shape=self.input_shape,
                                   num_classes=self.num_classes,
-                                  max_examples=None if p is None else self.roster.num_examples[p])
+                                  max_examples=None if p is None else self.roster.num_examples[p],
+                                  max_radius=float(self.config["fedlap-radius"]))
             if problem:
                 self.log(f"dropping reply from node {msg.metadata.src_node_id}: {problem}")
             else:
@@ -163,7 +172,8 @@ class FedLap(RosterSampling, FlowerFedAvg):
         for msg, n_k in zip(good, sizes):
             record = msg.content[SET_KEY]
             x = torch.from_numpy(np.array(record["images"].numpy(), dtype=np.float32, copy=True)).to(device)
-            y = torch.from_numpy(np.array(record["labels"].numpy(), copy=True)).long().to(device)
+            # astype: any integer dtype the screen let through, in native byte order (torch refuses others)
+            y = torch.from_numpy(record["labels"].numpy().astype(np.int64)).to(device)
             sets.append((x, y, n_k / total))
             metric = next(r for r in msg.content.values() if isinstance(r, MetricRecord))
             radii.append(float(metric[RADIUS]))

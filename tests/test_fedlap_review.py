@@ -1,0 +1,84 @@
+"""FedLAP review findings: one regression test each."""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.common import Metadata
+
+from client.updates.fedlap import RADIUS, SET_KEY, set_record
+from common.config import ConfigError, validate
+from common.fedlap.augment import augment
+from common.records import model_to_arrays
+from server.roster import Roster
+from server.strategies.fedlap import FedLap
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _strategy(**over):
+    config = validate({"strategy": "fedlap", "num-clients": 2, "fedlap-dsa": False, "fedlap-ipc": 2,
+                       "fedlap-radius": 10.0, "fedlap-server-steps": 3, **over})
+    strategy = FedLap(Roster({0: 10, 1: 11}, {0: 100, 1: 100}), 0, 1.0, log=lambda _: None, config=config)
+    strategy._sent = model_to_arrays(strategy.model)
+    return strategy
+
+
+def _reply(strategy, node, labels, radius=1.0):
+    meta = Metadata(run_id=1, message_id="", src_node_id=node, dst_node_id=0, reply_to_message_id="x",
+                    group_id="", created_at=0.0, ttl=60.0, message_type="train")
+    record = ArrayRecord(OrderedDict([("images", Array(np.zeros((4, *strategy.input_shape), np.float32))),
+                                      ("labels", Array(labels))]))
+    metrics = MetricRecord({"num-examples": 50, RADIUS: radius})
+    return Message(content=RecordDict({SET_KEY: record, "metrics": metrics}), metadata=meta)
+
+
+def test_dsa_on_non_image_data_is_a_clear_error():
+    # the default dataset (Synthetic) has flat features: DSA used to crash every client every round
+    # deep in affine_grid, and the run "finished" without training
+    with pytest.raises(ConfigError, match="fedlap-dsa"):
+        _strategy(**{"fedlap-dsa": True})
+    with pytest.raises(ValueError, match="image batches"):
+        augment(torch.zeros(3, 60), 0)
+
+
+def test_big_endian_labels_do_not_crash_the_server():
+    strategy = _strategy()
+    bad = _reply(strategy, 10, np.array([0, 0, 1, 1], dtype=">i8"))  # passes the screen: integer labels
+    good = _reply(strategy, 11, np.array([0, 0, 1, 1], np.uint8))
+    arrays, metrics = strategy.aggregate_train(1, [bad, good])
+    assert arrays is not None and metrics["sets"] == 2
+
+
+def test_radius_beyond_the_trust_region_is_refused():
+    strategy = _strategy(**{"fedlap-server-radius": "max"})
+    forged = _reply(strategy, 10, np.array([0, 0, 1, 1], np.uint8), radius=1e9)  # honest r_k <= r
+    good = _reply(strategy, 11, np.array([0, 0, 1, 1], np.uint8), radius=10.0)
+    _, metrics = strategy.aggregate_train(1, [forged, good])
+    assert metrics["sets"] == 1 and metrics["server-radius"] == 10.0
+
+
+def test_labels_beyond_uint8_keep_their_value():
+    labels = np.array([300, 300, 5, 5])
+    record = set_record(np.zeros((4, 3), np.float32), labels)
+    assert record["labels"].numpy().tolist() == labels.tolist()
+    assert record["labels"].numpy().dtype == np.int64
+    assert set_record(np.zeros((2, 3), np.float32), np.array([1, 2]))["labels"].numpy().dtype == np.uint8
+
+
+@pytest.mark.parametrize("key", ["images", "labels"])
+def test_npz_payload_is_named_not_a_crash(key):
+    # np.load of zip bytes returns an NpzFile, not an array: the screen used to hit .dtype on it
+    import io
+
+    strategy = _strategy()
+    buf = io.BytesIO()
+    np.savez(buf, a=np.zeros(3))
+    forged = Array(dtype="float32", shape=(4, *strategy.input_shape), stype="numpy.ndarray", data=buf.getvalue())
+    msg = _reply(strategy, 10, np.array([0, 0, 1, 1], np.uint8))
+    msg.content[SET_KEY][key] = forged
+    good = _reply(strategy, 11, np.array([0, 0, 1, 1], np.uint8))
+    _, metrics = strategy.aggregate_train(1, [msg, good])
+    assert metrics["sets"] == 1
