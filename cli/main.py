@@ -7,12 +7,15 @@ import sys
 
 # Each module defines register(subparsers) and sets `func` on its parsers.
 SUBCOMMANDS = ("cli.run", "cli.repro", "cli.report", "cli.data", "cli.privacy")
+DESCRIPTION = ("privfed: differentially private federated learning on Flower. Run presets, reproduction "
+               "suites and reports; download datasets; compute privacy budgets. `privfed COMMAND --help` "
+               "for each command.")
 
 
 def build_parser() -> argparse.ArgumentParser:
     import importlib
 
-    parser = argparse.ArgumentParser(prog="privfed", description=__doc__)
+    parser = argparse.ArgumentParser(prog="privfed", description=DESCRIPTION)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in SUBCOMMANDS:
         importlib.import_module(name).register(sub)

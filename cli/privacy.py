@@ -15,14 +15,26 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+
+
+def _finite(text: str) -> float:
+    """A float flag: nan and inf would reach the accountant and come back as a nonsense answer."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
 
 
 def _common() -> argparse.ArgumentParser:
     from common.privacy.accounting import ACCOUNTANTS, CONVERSIONS, DEFAULT_ORDERS, ORDER_SETS
 
     p = argparse.ArgumentParser(add_help=False)
-    p.add_argument("--delta", type=float, required=True, help="target delta")
+    p.add_argument("--delta", type=_finite, required=True, help="target delta")
     p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp", help="rdp (default) or pld")
     p.add_argument("--conversion", choices=CONVERSIONS, default="balle",
                    help="RDP -> (epsilon, delta) conversion (default balle; rdp only)")
@@ -33,6 +45,8 @@ def _common() -> argparse.ArgumentParser:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
+    from common.privacy.ledger import PAPER_ACCOUNTANTS
+
     parser = subparsers.add_parser("privacy", help="privacy calculator: epsilon, sigma, steps, ledgers",
                                    description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.set_defaults(func=lambda args: (parser.print_help(), 2)[1])
@@ -40,30 +54,30 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     common = _common()
 
     p = sub.add_parser("epsilon", parents=[common], help="epsilon after T Poisson-sampled Gaussian steps")
-    p.add_argument("--q", type=float, required=True, help="Poisson sampling rate")
-    p.add_argument("--sigma", type=float, required=True, help="noise multiplier (noise std / clipping norm)")
+    p.add_argument("--q", type=_finite, required=True, help="Poisson sampling rate")
+    p.add_argument("--sigma", type=_finite, required=True, help="noise multiplier (noise std / clipping norm)")
     p.add_argument("--steps", type=int, required=True, help="number of DP-SGD steps")
     p.set_defaults(func=_run_epsilon)
 
     p = sub.add_parser("sigma", parents=[common], help="smallest noise multiplier reaching a target epsilon")
-    p.add_argument("--epsilon", type=float, required=True, help="target epsilon")
-    p.add_argument("--q", type=float, required=True, help="Poisson sampling rate")
+    p.add_argument("--epsilon", type=_finite, required=True, help="target epsilon")
+    p.add_argument("--q", type=_finite, required=True, help="Poisson sampling rate")
     p.add_argument("--steps", type=int, required=True, help="number of DP-SGD steps")
-    p.add_argument("--tol", type=float, default=1e-4, help="bisection tolerance on sigma (default 1e-4)")
+    p.add_argument("--tol", type=_finite, default=1e-4, help="bisection tolerance on sigma (default 1e-4)")
     p.set_defaults(func=_run_sigma)
 
     p = sub.add_parser("steps", parents=[common], help="R_c: the most steps with epsilon <= target")
-    p.add_argument("--epsilon", type=float, required=True, help="target epsilon")
-    p.add_argument("--q", type=float, required=True, help="Poisson sampling rate")
-    p.add_argument("--sigma", type=float, required=True, help="noise multiplier")
+    p.add_argument("--epsilon", type=_finite, required=True, help="target epsilon")
+    p.add_argument("--q", type=_finite, required=True, help="Poisson sampling rate")
+    p.add_argument("--sigma", type=_finite, required=True, help="noise multiplier")
     p.add_argument("--search", choices=("exact", "ali-code"), default="exact",
                    help="exact integer search (default) or the ALI-DPFL authors' tolerance bisection")
     p.set_defaults(func=_run_steps)
 
     p = sub.add_parser("ledger", help="report a saved privacy ledger")
     p.add_argument("path", help="ledger JSON file")
-    p.add_argument("--delta", type=float, required=True, help="target delta")
-    p.add_argument("--accountant", default="rdp",
+    p.add_argument("--delta", type=_finite, required=True, help="target delta")
+    p.add_argument("--accountant", choices=("rdp", "pld", *PAPER_ACCOUNTANTS), default="rdp",
                    help="rdp, pld or a paper accountant (upcycled-thm6.2, hu-thm1, ali-eq12, fedlap-thm5.8)")
     p.add_argument("--conversion", choices=("classic", "balle"), default="balle")
     p.add_argument("--json", action="store_true", help="print one JSON object")
@@ -79,9 +93,16 @@ def _quiet_absl() -> None:
         pass
 
 
+# What the calculator's (epsilon, delta) statements are about (common.privacy.accounting.dpsgd_event).
+RELATION, SAMPLING = "add-remove", "poisson"
+
+
 def _emit(args: argparse.Namespace, key: str, value: float | int, text: str) -> int:
     if args.json:
-        print(json.dumps({key: value}))
+        print(json.dumps({key: value, "delta": args.delta, "relation": RELATION, "sampling": SAMPLING,
+                          "accountant": args.accountant,
+                          "conversion": args.conversion if args.accountant == "rdp" else None,
+                          "orders": args.orders if args.accountant == "rdp" else None}))
     else:
         print(text)
     return 0
@@ -93,15 +114,18 @@ def _fail(err: Exception) -> int:
 
 
 def _how(args: argparse.Namespace) -> str:
+    guarantee = "Poisson sampling, record-level DP under add/remove-one neighbours"
     if args.accountant == "pld":
-        return "PLD accountant"
-    return f"RDP accountant, {args.conversion} conversion, {args.orders} orders"
+        return f"{guarantee}; PLD accountant"
+    return f"{guarantee}; RDP accountant, {args.conversion} conversion, {args.orders} orders"
 
 
 def _run_epsilon(args: argparse.Namespace) -> int:
     from common.privacy import accounting
 
     _quiet_absl()
+    if args.steps < 0:  # the accountant would compose a negative count into epsilon 0
+        return _fail(f"--steps must be >= 0; got {args.steps}")
     try:
         eps = accounting.dpsgd_epsilon(args.q, args.sigma, args.steps, args.delta, accountant=args.accountant,
                                        conversion=args.conversion, orders=args.orders)
@@ -148,13 +172,44 @@ def _run_ledger(args: argparse.Namespace) -> int:
     _quiet_absl()
     try:
         ledger = PrivacyLedger.load(args.path)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
+        return _fail(f"cannot read ledger {args.path}: {err}")
+    try:
         if args.json:
             report = ledger.report(args.delta, args.accountant, conversion=args.conversion)
-            print(json.dumps(report.to_json()))
+            print(json.dumps({**report.to_json(), "relations": sorted(ledger.relations()),
+                              "sampling": _ledger_sampling(ledger)}))
             return 0
         accountants = ["rdp", "pld"] if args.accountant in ("rdp", "pld") else [args.accountant]
-        for line in ledger.summary_lines(args.delta, accountants):
+        for line in _ledger_lines(ledger, args.delta, accountants, args.conversion):
             print(line)
-    except (OSError, ValueError, KeyError) as err:
+    except (ValueError, KeyError) as err:
         return _fail(err)
     return 0
+
+
+def _ledger_lines(ledger, delta: float, accountants: list[str], conversion: str) -> list[str]:
+    """`summary_lines` with its accountant lines redone at `conversion` (it always converts RDP with balle).
+    Its layout: one line per entry, the relation line, the accountant lines, then the pure-DP line if any."""
+    lines = ledger.summary_lines(delta, ())
+    head = len(ledger.entries) + 1
+    ours = []
+    for name in accountants:
+        try:
+            r = ledger.report(delta, name, conversion=conversion)
+        except ValueError as err:
+            ours.append(f"epsilon [{name}]: n/a ({err})")
+            continue
+        ours.append(f"epsilon [{name}{'/' + r.conversion if r.conversion else ''}] = {r.approx:.4f}")
+    schemes, parts = _ledger_sampling(ledger), []
+    if "poisson" in schemes:
+        parts.append("Poisson for the DP-SGD entries (at their q)")
+    if "none" in schemes:
+        parts.append("no amplification by sampling for the other entries")
+    return lines[:head] + [f"sampling: {'; '.join(parts) or '-'}"] + ours + lines[head:]
+
+
+def _ledger_sampling(ledger) -> list[str]:
+    """Sampling schemes the entries were accounted with: Poisson for DP-SGD; none (no amplification) else."""
+    kinds = {e.kind for e in ledger.entries if not e.is_post_processing}
+    return sorted({"poisson" if kind == "dpsgd" else "none" for kind in kinds})

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 
@@ -46,19 +47,19 @@ def main(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from cli.repro import _print_table
-    from cli.run import read_summary
+    from cli.run import print_epsilon_notes, read_summary
     from server.report import render_report
     from server.results import plot_accuracy, read_rows
 
     console = Console(highlight=False)
     missing = [d for d in args.dirs if not Path(d).is_dir()]
     if missing:
-        console.print(f"privfed report: error: not a folder: {', '.join(missing)}", markup=False)
+        print(f"privfed report: error: not a folder: {', '.join(missing)}", file=sys.stderr)
         return 2
     suites, runs = find([Path(d).expanduser().resolve() for d in args.dirs])
     if not suites and not runs:
-        console.print(f"privfed report: error: no finished runs (summary.json) or suites (suite.json) under "
-                      f"{', '.join(args.dirs)}", markup=False)
+        print(f"privfed report: error: no finished runs (summary.json) or suites (suite.json) under "
+              f"{', '.join(args.dirs)}", file=sys.stderr)
         return 2
     for suite_dir in suites:
         md, results = render_report(suite_dir, plots=not args.no_plots)
@@ -69,8 +70,15 @@ def main(args: argparse.Namespace) -> int:
         table = Table(title="runs", title_justify="left")
         for col in ("run", "seed", "accuracy", "loss", "epsilon", "rounds", "seconds"):
             table.add_column(col, justify="left" if col == "run" else "right", overflow="fold")
+        shown = []
         for run in runs:
-            s = read_summary(run)
+            try:
+                s = read_summary(run)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:  # one damaged run: skip it
+                print(f"privfed report: skipped {run}: unreadable summary.json or metrics.jsonl ({err})",
+                      file=sys.stderr)
+                continue
+            shown.append(s)
             if not args.no_plots and (run / "metrics.jsonl").is_file():
                 config = json.loads((run / "summary.json").read_text()).get("config", {})
                 rows = read_rows(run)
@@ -80,4 +88,5 @@ def main(args: argparse.Namespace) -> int:
             table.add_row(str(run), str(s["seed"]), fmt(s["accuracy"]), fmt(s["loss"]), fmt(s["epsilon"], ".3f"),
                           str(s["rounds"]), fmt(s["wall"], ".1f"))
         console.print(table)
+        print_epsilon_notes(console, shown)
     return 0

@@ -14,11 +14,16 @@ in this process over privfed's in-process grid: fast single-machine
 experiments. `simulation` goes through `flwr run` (Flower's simulation
 engine: Ray actors, GPU resources) with a private FLWR_HOME, and stops every
 process it started.
+
+Results never overwrite earlier ones: a run-name whose results folder already
+holds a run is refused (unless `checkpoint = true`, which resumes it), and a
+default name that is taken gets a suffix (`-2`, ...).
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -136,6 +141,48 @@ def preflight_data(config) -> None:
     load_test_set(config)
 
 
+def claim_results(runs: list[dict[str, Any]], config, per_seed: bool) -> list[dict[str, Any]]:
+    """`runs` with results folders of their own: an earlier run's results are never overwritten.
+    `per_seed`: runs of --seeds, named <name>-s<seed>."""
+    from common.config import ConfigError
+    from server.results import default_run_name
+
+    if config["checkpoint"]:  # the same run-name resumes that run (the runner refuses an empty one)
+        return runs
+    root = Path(str(config["results-dir"])).expanduser().resolve()
+    if config["run-name"]:
+        for run in runs:
+            folder = root / str(run["run-name"])
+            if (folder / "summary.json").exists() or (folder / "metrics.jsonl").exists():
+                raise ConfigError(f"results folder {folder} already holds a run; choose another run-name "
+                                  f"or remove that folder")
+        return runs
+    stem = default_run_name(config)  # a timestamp: runs started in the same second share it
+    for i in itertools.count(1):
+        base = stem if i == 1 else f"{stem}-{i}"
+        names = [f"{base}-s{run['seed']}" if per_seed else base for run in runs]
+        if _claim([root / name for name in names]):
+            return [{**run, "run-name": name} for run, name in zip(runs, names)]
+    return runs  # not reached: count() never ends
+
+
+def _claim(folders: list[Path]) -> bool:
+    from common.config import ConfigError
+
+    made = []
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True)  # no exist_ok: atomic against a concurrent privfed run
+            made.append(folder)
+    except FileExistsError:
+        for folder in made:
+            folder.rmdir()
+        return False
+    except OSError as err:
+        raise ConfigError(f"cannot create results folder {folder}: {err.strerror or err}") from None
+    return True
+
+
 # --- one run -------------------------------------------------------------------
 class SimulationFailed(RuntimeError):
     """`flwr run` exited with an error (the message holds the tail of its output)."""
@@ -170,7 +217,7 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     if rows_path.is_file():
         lines = [line for line in rows_path.read_text().splitlines() if line.strip()]
         last = json.loads(lines[-1]) if lines else {}
-    from server.report import row_epsilon
+    from server.report import epsilon_note, row_epsilon
 
     final = summary.get("final", {})
     epsilon = row_epsilon(final)
@@ -178,7 +225,13 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
         epsilon = row_epsilon(last)
     return {"accuracy": final.get("accuracy"), "loss": final.get("loss"), "epsilon": epsilon,
             "rounds": summary.get("rounds"), "wall": summary.get("wall_seconds"),
-            "seed": summary.get("config", {}).get("seed"), "path": str(run_dir)}
+            "seed": summary.get("config", {}).get("seed"), "path": str(run_dir),
+            "epsilon_note": epsilon_note(summary)}
+
+
+def print_epsilon_notes(console, results: list[dict[str, Any]]) -> None:
+    for note in dict.fromkeys(r["epsilon_note"] for r in results if r.get("epsilon_note")):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
 
 
 def _fmt(value: Any, spec: str = ".4f") -> str:
@@ -205,6 +258,7 @@ def print_summary(console, results: list[dict[str, Any]], engine: str) -> None:
 
         table.add_row("mean ± std", ms("accuracy"), ms("loss"), ms("epsilon"), "", "")
     console.print(table)
+    print_epsilon_notes(console, results)
 
 
 # --- command -------------------------------------------------------------------
@@ -248,17 +302,20 @@ def main(args: argparse.Namespace) -> int:
         seeds = parse_seeds(args.seeds)
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+        if args.threads < 0:
+            raise ConfigError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
+        if not args.timeout > 0:
+            raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
         config = validate(overrides)
         if seeds:
-            from server.results import default_run_name
-
-            base = str(config["run-name"]) or default_run_name(config)
-            runs = [{**overrides, "seed": s, "run-name": f"{base}-s{s}"} for s in seeds]
+            base = str(config["run-name"])  # empty: claim_results names the runs
+            runs = [{**overrides, "seed": s, **({"run-name": f"{base}-s{s}"} if base else {})} for s in seeds]
         else:
             runs = [overrides]
         for run in runs:
             validate(run)
         preflight_data(validate(runs[0]))
+        runs = claim_results(runs, config, bool(seeds))
     except (ConfigError, DataFileMissing) as err:
         return error("run", err)
 

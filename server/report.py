@@ -99,6 +99,22 @@ def row_epsilon(row: Mapping[str, Any]) -> float | None:
     return None if value is None else float(value)
 
 
+def epsilon_note(summary: Mapping[str, Any]) -> str | None:
+    """What a private run's epsilon states: delta, accountant, neighbouring relation and sampling."""
+    privacy = summary.get("privacy") or {}
+    if "delta" not in privacy:
+        return None
+    config = summary.get("config", {})
+    relations = sorted({r for ledger in privacy.get("ledgers", {}).values() for r in ledger.get("relations", [])})
+    if config.get("privacy") == "dpsgd":
+        sampling = f"Poisson sampling (q = {config.get('dp-sample-rate')})"
+    else:  # output/objective perturbation, Hu et al.: accounted without amplification by sampling
+        sampling = "no amplification by sampling"
+    return (f"epsilon: max over clients of record-level (epsilon, delta)-DP at delta = {privacy['delta']:g} "
+            f"({privacy.get('accountant')} accountant); neighbouring relation: "
+            f"{', '.join(relations) or 'none recorded'}; {sampling}")
+
+
 def _accuracy_at_epsilon(rows, summary, param):
     """Accuracy at the first round whose epsilon reaches `param` (the last round if it never does)."""
     eps = [(r, row_epsilon(r)) for r in rows]
@@ -252,6 +268,12 @@ def _seeds(value: Any, where: str) -> tuple[int, ...]:
     return tuple(value)
 
 
+def _overrides_table(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{where}: expected a table of run-config overrides (key = value), got {value!r}")
+    return value
+
+
 def _number(value: Any, where: str) -> float | None:
     if value is None:
         return None
@@ -283,7 +305,7 @@ def load_suite(name: str, root: Path = REPRO_DIR) -> Suite:
     base: dict[str, Any] = {}
     if head.get("base"):
         base.update(_preset_overrides(str(head["base"]), path.parent, f"{where} [suite] base"))
-    base.update(head.get("overrides", {}))
+    base.update(_overrides_table(head.get("overrides", {}), f"{where} [suite] overrides"))
 
     cells, seen, folders = [], set(), {}
     raw_cells = data.get("cell", [])
@@ -301,7 +323,7 @@ def load_suite(name: str, root: Path = REPRO_DIR) -> Suite:
         overrides = dict(base)
         if raw.get("preset"):
             overrides.update(_preset_overrides(str(raw["preset"]), path.parent, cw))
-        overrides.update(raw.get("overrides", {}))
+        overrides.update(_overrides_table(raw.get("overrides", {}), f"{cw} overrides"))
         for key in RUN_KEYS[:3]:
             overrides.pop(key, None)  # the suite sets these per run
         cell = Cell(row=raw["row"], column=raw["column"], overrides=overrides,
@@ -389,6 +411,7 @@ class CellResult:
     curves: list[list[float]] = field(default_factory=list)  # scaled accuracy per round, per seed
     run_seconds: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    epsilon_notes: list[str] = field(default_factory=list)  # what the runs' epsilons state (epsilon_note)
 
     @property
     def n(self) -> int:
@@ -433,6 +456,9 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
             res.run_seconds.append(float(summary.get("wall_seconds") or 0.0))
             if note and note not in res.notes:
                 res.notes.append(note)
+            eps_note = epsilon_note(summary)
+            if eps_note and eps_note not in res.epsilon_notes:
+                res.epsilon_notes.append(eps_note)
         out.append(res)
     return out
 
@@ -496,6 +522,8 @@ def render_markdown(suite: Suite, results: list[CellResult], plots: list[Path], 
         f"- seeds: {', '.join(map(str, suite.seeds))}; finished runs: {finished} of {planned} planned",
         f"- aggregation: mean ± population std (ddof = 0) over finished seeds",
     ]
+    if suite.metric == "accuracy-at-epsilon":  # the metric reads the runs' epsilons: say what they state
+        lines += [f"- {note}" for note in dict.fromkeys(n for r in results for n in r.epsilon_notes)]
     run_total = sum(sum(r.run_seconds) for r in results)
     if timing:
         last, total = timing[-1], sum(t["wall_seconds"] for t in timing)

@@ -466,3 +466,17 @@ def test_readme_quickstart_uses_the_scripts_and_connections():
         if Path(rel).name == "config.toml":  # $FLWR_HOME/config.toml lives outside the repo
             continue
         assert (DEPLOY / rel).exists() or (ROOT / rel).exists(), f"README names {rel}, which does not exist"
+
+
+def test_compose_headers_name_the_connection_of_each_mode():
+    """The plain-HTTP compose needs the insecure connection: privfed-docker (TLS) fails against it."""
+    for path in (BASE, GPU):
+        header = "".join(line for line in path.read_text().splitlines(True) if line.startswith("#"))
+        if "flwr run . privfed-docker " in header:
+            assert "privfed-docker-insecure" in header, path.name
+
+
+def test_readme_states_the_supernode_flwr_home_default():
+    script = (DEPLOY / "start-supernode.sh").read_text()
+    assert 'privfed/supernode-$partition_id"' in script
+    assert "privfed/supernode-<partition-id>`" in (DEPLOY / "README.md").read_text()
