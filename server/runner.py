@@ -20,6 +20,7 @@ from client.privacy import BUDGET_EXHAUSTED
 from common.privacy.plan import planned_entries
 from common.records import CONFIG
 from server.checkpoint import Checkpointer
+from server.report import epsilon_note
 from server.metered_grid import MeteredGrid
 from server.polling_grid import with_polling
 from server.privacy_mirror import PrivacyMirror
@@ -184,20 +185,22 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     if not writer.rows:
         raise RuntimeError("no round ran: every client refused its first instruction (privacy budget)")
     final = writer.rows[-1]
-    writer.write_summary({
+    summary = {
         "config": dict(config), "versions": package_versions(),
         "initial": {"accuracy": initial_accuracy, "loss": initial_loss},
         "final": {"accuracy": final["accuracy"], "loss": final["loss"], "round": final["round"]},
         "rounds": num_rounds, "wall_seconds": time.perf_counter() - started,
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
         "privacy": mirror.summary(),
-    })
+    }
+    writer.write_summary(summary)
     if mirror.enabled:
         writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")
     writer.save_model(arrays)
     writer.plot_accuracy(f"{config['strategy']} on {config['dataset']}")
-    spent = (f", epsilon {final['epsilon_max']:.4f} (max over clients, delta {final['delta']}, "
-             f"{final['accountant']})" if "epsilon_max" in final else "")
+    spent = f", epsilon {final['epsilon_max']:.4f}" if "epsilon_max" in final else ""
     console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {final['loss']:.4f}{spent}")
+    if mirror.enabled:
+        console.print(f"privfed: {epsilon_note(summary)}")
     console.print(f"privfed: results in {writer.run_dir}")
     return writer.run_dir
