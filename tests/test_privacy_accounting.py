@@ -173,6 +173,8 @@ def test_invalid_inputs_are_refused():
         acc.dpsgd_epsilon(0.1, 1.0, 10, 0.0)
     with pytest.raises(ValueError, match="q"):
         acc.dpsgd_epsilon(1.5, 1.0, 10, DELTA)
+    with pytest.raises(ValueError, match="steps"):
+        acc.dpsgd_epsilon(0.1, 1.0, -3, DELTA)
     with pytest.raises(ValueError, match="conversion"):
         acc.dpsgd_epsilon(0.1, 1.0, 10, DELTA, conversion="bogus")
     with pytest.raises(ValueError, match="order set"):

@@ -208,6 +208,8 @@ def dpsgd_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta
                   accountant: str = "rdp", conversion: str = "balle", orders: Orders | None = None) -> float:
     """epsilon(delta) after `steps` DP-SGD steps at sampling rate q and noise multiplier sigma."""
     _check_dpsgd(sample_rate, noise_multiplier)
+    if steps < 0:
+        raise ValueError(f"steps must be >= 0; got {steps}")
     if steps == 0:
         return 0.0
     return epsilon(dpsgd_event(sample_rate, noise_multiplier, steps), delta, accountant=accountant,
