@@ -6,7 +6,10 @@
    Prints ms/step and the ratio DP / non-private measured in the same run.
 2. Time to compute epsilon(1e-5) of a 3000-step ledger (15 rounds x 200 steps,
    q = 256/10000, sigma = 1: FedLAP-DP's setting) with each accountant, and the
-   ratio to the RDP accountant.
+   ratio to the RDP accountant. The accountants' caches are cleared before
+   every timed call, so each time is a full computation.
+
+Ends with one JSON line of every figure.
 
     python benchmarks/dpsgd_step.py [--steps 5] [--warmup 2] [--threads N] [--models ali-mnist-cnn convnet]
 """
@@ -14,6 +17,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import json
 import statistics
 import sys
 import time
@@ -25,6 +30,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from common.models import build_model  # noqa: E402
+from common.privacy import accounting  # noqa: E402
 from common.privacy.dpsgd import GRAD_SAMPLE_MODES, DpSgd  # noqa: E402
 from common.privacy.events import dpsgd_steps  # noqa: E402
 from common.privacy.ledger import PrivacyLedger  # noqa: E402
@@ -44,10 +50,11 @@ def _time(fn, steps: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def bench_steps(models: list[str], steps: int, warmup: int) -> None:
+def bench_steps(models: list[str], steps: int, warmup: int) -> list[dict]:
     print(f"DP-SGD step vs non-private SGD step: batch {BATCH}, CPU, {torch.get_num_threads()} threads, "
           f"median of {steps} steps after {warmup} warm-up")
     print(f"{'model':<15} {'mode':<12} {'ms/step':>9} {'ratio':>7}")
+    rows = []
     for name in models:
         shape = SHAPES[name]
         g = torch.Generator().manual_seed(0)
@@ -65,6 +72,7 @@ def bench_steps(models: list[str], steps: int, warmup: int) -> None:
 
         base = _time(plain_step, steps, warmup)
         print(f"{name:<15} {'non-private':<12} {base * 1e3:9.1f} {1.0:7.2f}")
+        rows.append({"model": name, "mode": "non-private", "ms": round(base * 1e3, 3), "ratio": 1.0})
         for mode in GRAD_SAMPLE_MODES:
             torch.manual_seed(0)
             dp_model = build_model(name, shape, 10)
@@ -76,11 +84,21 @@ def bench_steps(models: list[str], steps: int, warmup: int) -> None:
                     t = _time(lambda: trainer.step(x, y), steps, warmup)
                 except Exception as err:  # a mode a layer does not support
                     print(f"{name:<15} {mode:<12} {'failed':>9}  ({type(err).__name__}: {err})")
+                    rows.append({"model": name, "mode": mode, "ms": None, "ratio": None})
                     continue
             print(f"{name:<15} {mode:<12} {t * 1e3:9.1f} {t / base:7.2f}")
+            rows.append({"model": name, "mode": mode, "ms": round(t * 1e3, 3), "ratio": round(t / base, 3)})
+    return rows
 
 
-def bench_accounting(repeats: int = 3) -> None:
+def _clear_accounting_caches() -> None:
+    """The accountants memoise epsilons and RDP curves; a repeat would time a cache hit."""
+    for obj in vars(accounting).values():
+        if isinstance(obj, functools._lru_cache_wrapper):
+            obj.cache_clear()
+
+
+def bench_accounting(repeats: int = 3) -> list[dict]:
     q, sigma, delta = 256 / 10000, 1.0, 1e-5
     ledger = PrivacyLedger([dpsgd_steps(q, sigma, 200, round=r) for r in range(1, 16)])
     print(f"\nepsilon({delta:g}) of a 3000-step ledger (15 entries x 200 steps, q = {q:g}, sigma = {sigma:g}), "
@@ -88,10 +106,12 @@ def bench_accounting(repeats: int = 3) -> None:
     print(f"{'accountant':<22} {'epsilon':>9} {'ms':>9} {'vs rdp':>7}")
     runs = [("rdp", "balle"), ("rdp", "classic"), ("pld", None), ("fedlap-thm5.8", None), ("ali-eq12", None)]
     ref = None
+    rows = []
     for name, conversion in runs:
         kwargs = {"conversion": conversion} if conversion else {}
         times, eps = [], None
         for _ in range(repeats):
+            _clear_accounting_caches()
             t0 = time.perf_counter()
             eps = ledger.epsilon(delta, name, **kwargs)
             times.append(time.perf_counter() - t0)
@@ -99,6 +119,9 @@ def bench_accounting(repeats: int = 3) -> None:
         ref = ref or t
         label = f"{name}/{conversion}" if conversion else name
         print(f"{label:<22} {eps:9.4f} {t * 1e3:9.1f} {t / ref:7.2f}")
+        rows.append({"accountant": label, "epsilon": round(eps, 4), "ms": round(t * 1e3, 3),
+                     "ratio_vs_rdp": round(t / ref, 3)})
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,9 +140,9 @@ def main(argv: list[str] | None = None) -> int:
         absl_logging.set_verbosity(absl_logging.ERROR)
     except ImportError:
         pass
-    if not args.skip_steps:
-        bench_steps(args.models, args.steps, args.warmup)
-    bench_accounting()
+    steps = [] if args.skip_steps else bench_steps(args.models, args.steps, args.warmup)
+    print(json.dumps({"benchmark": "dpsgd_step", "batch": BATCH, "threads": torch.get_num_threads(),
+                      "steps": steps, "accounting": bench_accounting()}))
     return 0
 
 

@@ -379,6 +379,9 @@ def main(argv: list[str] | None = None) -> int:
         if ("plain", top) in by:
             summary["ours_vs_plain_s"] = by[("ours", top)]["s_per_round"] / by[("plain", top)]["s_per_round"]
         summary["pass"] = bool(summary["speedup_vs_secaggplus"] >= 3.0 and summary["bytes_vs_plaintext"] <= 1.1)
+        plain = f"; ours / plain s/round {summary['ours_vs_plain_s']:.2f}x" if "ours_vs_plain_s" in summary else ""
+        print(f"ratio at d={top}: SecAgg+ / ours s/round {summary['speedup_vs_secaggplus']:.2f}x; ours bytes up / "
+              f"float32 update {summary['bytes_vs_plaintext']:.3f}x{plain}")
     print(json.dumps(summary))
     return 0
 

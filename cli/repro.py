@@ -118,7 +118,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from common.config import ConfigError
-    from common.data.errors import DataFileMissing
+    from common.data.errors import DataFileError
     from server.report import available_suites, load_suite, render_report, write_snapshot, write_timing
 
     console = Console(highlight=False)
@@ -143,7 +143,7 @@ def main(args: argparse.Namespace) -> int:
         suite_dir = out_dir / suite.name
         todo, done = plan(suite, out_dir, args.filter)
         _preflight(todo)
-    except (ConfigError, DataFileMissing) as e:
+    except (ConfigError, DataFileError) as e:
         print(f"privfed repro: error: {e}", file=sys.stderr)
         return 2
     write_snapshot(load_suite(args.suite), suite_dir)  # the full suite, for `privfed report`

@@ -291,7 +291,7 @@ def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from common.config import ConfigError, validate
-    from common.data.errors import DataFileMissing
+    from common.data.errors import DataFileError
 
     console = Console(highlight=False)
     try:
@@ -316,7 +316,7 @@ def main(args: argparse.Namespace) -> int:
             validate(run)
         preflight_data(validate(runs[0]))
         runs = claim_results(runs, config, bool(seeds))
-    except (ConfigError, DataFileMissing) as err:
+    except (ConfigError, DataFileError) as err:
         return error("run", err)
 
     run_console = Console(highlight=False, quiet=args.quiet)
@@ -329,7 +329,7 @@ def main(args: argparse.Namespace) -> int:
         try:
             run_dir = run_one(run, engine=args.engine, workers=args.workers, threads=threads,
                               console=run_console, echo=echo, timeout=args.timeout)
-        except (ConfigError, DataFileMissing) as err:
+        except (ConfigError, DataFileError) as err:
             return error("run", err)
         except SimulationFailed as err:
             return error("run", err, 1)

@@ -16,6 +16,10 @@ Cleaning, in this order:
 3. Rows with a missing value ("?") in any field are dropped: 32,561 -> 30,162
    train rows and 16,281 -> 15,060 test rows.
 
+The readers are for the UCI originals: a file with another number of records
+(a truncated copy), a numeric field that is not a finite number, an unknown
+label or a line of the wrong shape raises DataFileCorrupt naming the file.
+
 Encoding (fitted on the cleaned train rows only, applied to both splits):
 
 - The 6 numeric columns, in file order (age, fnlwgt, education-num,
@@ -35,11 +39,12 @@ Encoding (fitted on the cleaned train rows only, applied to both splits):
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import numpy as np
 
-from .errors import require_file
+from .errors import DataFileCorrupt, require_file
 from .splits import Splits
 
 FOLDER = "adult"
@@ -54,27 +59,55 @@ NUMERIC = ("age", "fnlwgt", "education-num", "capital-gain", "capital-loss", "ho
 CATEGORICAL = ("workclass", "education", "marital-status", "occupation", "relationship", "race",
                "sex", "native-country")
 POSITIVE, NEGATIVE = ">50K", "<=50K"
+RECORDS = {TRAIN_FILE: 32_561, TEST_FILE: 16_281}  # the UCI originals' record counts
+_NUMERIC_AT = tuple(COLUMNS.index(c) for c in NUMERIC)
+
+
+def check_fields(fields: list[str], path: str | Path, lineno: int) -> None:
+    """Raise DataFileCorrupt unless `fields` is one well-formed record (label already stripped of '.');
+    a numeric '?' is refused too (the UCI files have none, and no encoding is defined for it)."""
+    if len(fields) != len(COLUMNS):
+        raise DataFileCorrupt(path, "adult", f"line {lineno}: expected {len(COLUMNS)} fields, got {len(fields)}")
+    if fields[-1] not in (POSITIVE, NEGATIVE):
+        raise DataFileCorrupt(path, "adult", f"line {lineno}: unexpected income label {fields[-1]!r}")
+    for i in _NUMERIC_AT:
+        try:
+            ok = math.isfinite(float(fields[i]))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise DataFileCorrupt(path, "adult", f"line {lineno}: {COLUMNS[i]} = {fields[i]!r} is not a finite number")
+
+
+def check_records(path: str | Path, n: int) -> None:
+    """Raise DataFileCorrupt unless the file held the UCI original's number of records."""
+    expected = RECORDS[Path(path).name]
+    if n != expected:
+        raise DataFileCorrupt(path, "adult", f"{n} records where the UCI original has {expected} (truncated copy?)")
+
+
+def records(path: str | Path):
+    """(line number, stripped fields) of every record; blank and '|' lines skipped."""
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            for lineno, record in enumerate(csv.reader(fh, skipinitialspace=True), start=1):
+                if not record or all(not f.strip() for f in record) or record[0].startswith("|"):
+                    continue
+                yield lineno, [f.strip() for f in record]
+    except (UnicodeDecodeError, csv.Error) as e:  # binary garbage, NUL bytes
+        raise DataFileCorrupt(path, "adult", f"not a text CSV file ({e})") from None
 
 
 def read_rows(path: str | Path) -> tuple[list[list[str]], int]:
     """Parse one Adult file -> (clean rows of 15 stripped strings, number of rows dropped for '?')."""
     rows, dropped = [], 0
-    with open(path, newline="", encoding="utf-8") as fh:
-        for lineno, record in enumerate(csv.reader(fh, skipinitialspace=True), start=1):
-            if not record or all(not f.strip() for f in record):
-                continue
-            if record[0].startswith("|"):
-                continue
-            fields = [f.strip() for f in record]
-            if len(fields) != len(COLUMNS):
-                raise ValueError(f"{path}:{lineno}: expected {len(COLUMNS)} fields, got {len(fields)}")
-            if "?" in fields:
-                dropped += 1
-                continue
-            fields[-1] = fields[-1].rstrip(".")
-            if fields[-1] not in (POSITIVE, NEGATIVE):
-                raise ValueError(f"{path}:{lineno}: unexpected income label {fields[-1]!r}")
-            rows.append(fields)
+    for lineno, fields in records(path):
+        if len(fields) == len(COLUMNS) and "?" in fields:
+            dropped += 1
+            continue
+        fields[-1] = fields[-1].rstrip(".")
+        check_fields(fields, path, lineno)
+        rows.append(fields)
     return rows, dropped
 
 
@@ -105,6 +138,8 @@ def load_adult(data_dir: str | Path) -> Splits:
     test_path = require_file(folder / TEST_FILE, "adult")
     train_rows, train_dropped = read_rows(train_path)
     test_rows, test_dropped = read_rows(test_path)
+    check_records(train_path, len(train_rows) + train_dropped)
+    check_records(test_path, len(test_rows) + test_dropped)
     if not train_rows:
         raise ValueError(f"{train_path}: no complete rows")
     train, test = _columns(train_rows), _columns(test_rows)

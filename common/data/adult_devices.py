@@ -34,7 +34,6 @@ accordingly.
 
 from __future__ import annotations
 
-import csv
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,7 +41,8 @@ import numpy as np
 
 from common.seeding import numpy_rng
 
-from .adult import CATEGORICAL, COLUMNS, FOLDER, NEGATIVE, NUMERIC, POSITIVE, TEST_FILE, TRAIN_FILE
+from .adult import (CATEGORICAL, COLUMNS, FOLDER, NUMERIC, POSITIVE, TEST_FILE, TRAIN_FILE, check_fields,
+                    check_records, records)
 from .errors import require_file
 from .federation import ClientData, Federation
 
@@ -56,17 +56,11 @@ MISSING = "?"
 def read_all_rows(path: str | Path) -> list[list[str]]:
     """Every record of one UCI Adult file as 15 stripped strings ('?' kept; test labels' '.' removed)."""
     rows = []
-    with open(path, newline="", encoding="utf-8") as fh:
-        for lineno, record in enumerate(csv.reader(fh, skipinitialspace=True), start=1):
-            if not record or all(not f.strip() for f in record) or record[0].startswith("|"):
-                continue
-            fields = [f.strip() for f in record]
-            if len(fields) != len(COLUMNS):
-                raise ValueError(f"{path}:{lineno}: expected {len(COLUMNS)} fields, got {len(fields)}")
-            fields[-1] = fields[-1].rstrip(".")
-            if fields[-1] not in (POSITIVE, NEGATIVE):
-                raise ValueError(f"{path}:{lineno}: unexpected income label {fields[-1]!r}")
-            rows.append(fields)
+    for lineno, fields in records(path):
+        fields[-1] = fields[-1].rstrip(".")
+        check_fields(fields, path, lineno)
+        rows.append(fields)
+    check_records(path, len(rows))  # a short file would leave the last devices short or empty
     return rows
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .errors import require_file
+from .errors import DataFileCorrupt, require_file
 from .splits import Splits
 
 FOLDER = "cifar-10-batches-py"
@@ -32,20 +32,27 @@ STD = (0.2470, 0.2435, 0.2616)
 
 
 def read_batch(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
-    """One pickled CIFAR-10 batch -> (uint8 images (n, 3, 32, 32), int64 labels (n,))."""
+    """One pickled CIFAR-10 batch -> (uint8 images (n, 3, 32, 32), int64 labels (n,)).
+
+    A damaged file raises DataFileCorrupt naming it."""
     with open(path, "rb") as fh:
-        d = pickle.load(fh, encoding="bytes")
+        try:
+            d = pickle.load(fh, encoding="bytes")
+        except Exception as e:  # noqa: BLE001 (a damaged pickle can raise almost anything)
+            raise DataFileCorrupt(path, "cifar10", f"cannot unpickle it ({type(e).__name__}: {e})") from None
     data = d.get(b"data", d.get("data")) if isinstance(d, dict) else None
     labels = d.get(b"labels", d.get("labels")) if isinstance(d, dict) else None
     if data is None or labels is None:
-        raise ValueError(f"{path}: not a CIFAR-10 batch (no data/labels entries)")
-    data = np.asarray(data, dtype=np.uint8)
-    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
-        raise ValueError(f"{path}: expected data of shape (n, 3072), got {data.shape}")
-    labels = np.asarray(labels, dtype=np.int64)
-    if len(labels) != len(data):
-        raise ValueError(f"{path}: {len(data)} images but {len(labels)} labels")
-    return data.reshape(-1, 3, 32, 32), labels
+        raise DataFileCorrupt(path, "cifar10", "not a CIFAR-10 batch (no data/labels entries)")
+    data = np.asarray(data)
+    if data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise DataFileCorrupt(path, "cifar10", f"expected uint8 data of shape (n, 3072), got {data.dtype} {data.shape}")
+    labels = np.asarray(labels)
+    if labels.shape != (len(data),) or not np.issubdtype(labels.dtype, np.integer):
+        raise DataFileCorrupt(path, "cifar10", f"{len(data)} images but labels of {labels.dtype} {labels.shape}")
+    if labels.size and (labels.min() < 0 or labels.max() > 9):
+        raise DataFileCorrupt(path, "cifar10", f"labels must be 0..9, found {labels.min()}..{labels.max()}")
+    return data.reshape(-1, 3, 32, 32), labels.astype(np.int64)
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:

@@ -8,7 +8,11 @@ from pathlib import Path
 DOWNLOADABLE = ("mnist", "fashion-mnist", "cifar10", "adult")
 
 
-class DataFileMissing(FileNotFoundError):
+class DataFileError(Exception):
+    """A dataset file is missing or unusable: reported in one line (the message says what to do)."""
+
+
+class DataFileMissing(DataFileError, FileNotFoundError):
     """A dataset file the run needs is not in the data folder.
 
     The message names the file and the folder, how to point privfed at another
@@ -46,6 +50,24 @@ class DataFileMissing(FileNotFoundError):
 
     def __str__(self) -> str:  # OSError would print "[Errno None] ..." once filename is set
         return self.message
+
+
+class DataFileCorrupt(DataFileError, ValueError):
+    """A dataset file is there but damaged or not the expected file (truncated,
+    not the format, labels out of range, non-finite values). A ValueError, as
+    the readers raised before."""
+
+    def __init__(self, path: str | Path, dataset: str, problem: str, hint: str = ""):
+        path = Path(path)
+        self.path, self.dataset, self.problem, self.hint = path, dataset, problem, hint
+        fix = hint or ("Replace it with an intact copy"
+                       + (f" (where a network exists: `privfed data download {dataset} --force "
+                          f"--data-dir <data-dir>`)." if dataset in DOWNLOADABLE else "."))
+        self.message = f"{dataset}: data file {str(path)!r} is damaged or not the expected file: {problem}. {fix}"
+        super().__init__(self.message)
+
+    def __reduce__(self):  # picklable across processes (Ray, multiprocessing)
+        return (type(self), (self.path, self.dataset, self.problem, self.hint))
 
 
 def require_file(path: Path, dataset: str, hint: str = "") -> Path:

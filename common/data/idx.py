@@ -19,11 +19,12 @@ the same constants for train and test. Labels are int64 in 0..9.
 from __future__ import annotations
 
 import gzip
+import zlib
 from pathlib import Path
 
 import numpy as np
 
-from .errors import DataFileMissing
+from .errors import DataFileCorrupt, DataFileMissing
 from .splits import Splits
 
 FOLDERS = {"mnist": "mnist", "fashion-mnist": "fashion-mnist"}
@@ -36,22 +37,28 @@ FILES = {
 }
 
 
-def read_idx(path: str | Path) -> np.ndarray:
-    """Read one idx file (gzip-compressed if its name ends in .gz) as a uint8 array."""
+def read_idx(path: str | Path, dataset: str = "idx") -> np.ndarray:
+    """Read one idx file (gzip-compressed if its name ends in .gz) as a uint8 array.
+
+    A damaged file raises DataFileCorrupt naming it (`dataset` goes in the message)."""
     path = Path(path)
     raw = path.read_bytes()
     if path.suffix == ".gz":
-        raw = gzip.decompress(raw)
+        try:
+            raw = gzip.decompress(raw)
+        except (OSError, EOFError, zlib.error) as e:  # not gzip, truncated, bad deflate data
+            raise DataFileCorrupt(path, dataset, f"cannot decompress it ({e})") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0:
-        raise ValueError(f"{path}: not an idx file (bad magic number)")
+        raise DataFileCorrupt(path, dataset, "not an idx file (bad magic number)")
     if raw[2] != 0x08:
-        raise ValueError(f"{path}: idx element type 0x{raw[2]:02x} is not unsigned byte (0x08)")
+        raise DataFileCorrupt(path, dataset, f"idx element type 0x{raw[2]:02x} is not unsigned byte (0x08)")
     ndim = raw[3]
     header = 4 + 4 * ndim
     dims = [int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim)]
     expected = header + int(np.prod(dims, dtype=np.int64))
     if len(raw) != expected:
-        raise ValueError(f"{path}: {len(raw)} bytes, header {dims} says {expected}; file truncated?")
+        raise DataFileCorrupt(path, dataset, f"{len(raw)} bytes where its header {dims} says {expected} "
+                                             f"(truncated?)")
     return np.frombuffer(raw, dtype=np.uint8, offset=header).reshape(dims)
 
 
@@ -74,21 +81,24 @@ def load_idx_dataset(dataset: str, data_dir: str | Path) -> Splits:
     mean, std = MEAN_STD[dataset]
     arrays = {}
     for key, path in paths.items():
-        a = read_idx(path)
+        a = read_idx(path, dataset)
         if key.startswith("x"):
             if a.ndim != 3 or a.shape[1:] != (28, 28):
-                raise ValueError(f"{path}: expected images of 28x28, got shape {a.shape}")
+                raise DataFileCorrupt(path, dataset, f"expected images of 28x28, got shape {a.shape}")
             x = a.astype(np.float32)[:, None, :, :]
             x *= np.float32(1.0 / 255.0)
             x -= np.float32(mean)
             x *= np.float32(1.0 / std)
             arrays[key] = x
         else:
+            if a.ndim != 1 or (a.size and a.max() > 9):  # out-of-range labels would fail deep in torch
+                raise DataFileCorrupt(path, dataset, f"expected labels 0..9 of shape (n,), got shape {a.shape}"
+                                                     + (f", max {a.max()}" if a.size else ""))
             arrays[key] = a.astype(np.int64)
     for part in ("train", "test"):
         if len(arrays[f"x_{part}"]) != len(arrays[f"y_{part}"]):
-            raise ValueError(f"{dataset} {part}: {len(arrays[f'x_{part}'])} images but "
-                             f"{len(arrays[f'y_{part}'])} labels")
+            raise DataFileCorrupt(paths[f"y_{part}"], dataset, f"{len(arrays[f'y_{part}'])} labels but "
+                                  f"{paths[f'x_{part}'].name} has {len(arrays[f'x_{part}'])} images")
     return Splits(num_classes=10, name=dataset, meta={"mean": mean, "std": std, "folder": str(folder)},
                   **arrays)
 

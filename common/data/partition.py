@@ -31,9 +31,14 @@ from typing import Sequence
 
 import numpy as np
 
+from common.config import ConfigError
 
-class PartitionError(ValueError):
-    """The requested partition cannot be made (too few samples, labels or tries)."""
+
+class PartitionError(ConfigError):
+    """The requested partition cannot be made (too few samples, labels or tries).
+
+    A ConfigError (so a ValueError): num-clients or the partition's parameter does
+    not fit the data, and `privfed run` reports it in one line, not a traceback."""
 
 
 def _as_labels(labels: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -79,7 +84,8 @@ def dirichlet(
         raise ValueError(f"dirichlet alpha must be > 0, got {alpha}")
     if min_size * num_clients > n:
         raise PartitionError(
-            f"cannot give each of {num_clients} clients >= {min_size} samples out of {n}"
+            f"dirichlet partition cannot give each of {num_clients} clients >= {min_size} samples out of {n}; "
+            f"use fewer clients"
         )
     by_class = [np.flatnonzero(labels == c) for c in np.unique(labels)]
     cap = n / num_clients

@@ -9,16 +9,19 @@ Client k of the federation is owner value k (the `natural` partition), with
 its samples in file order; the pooled test set is the file's x_test/y_test in
 file order. Features are cast to float32 like every other dataset (a relative
 change below 6e-8; the paper's models train in float32 anyway). There are
-always 30 clients, 20 features and 2 classes; anything else raises ValueError.
+always 30 clients, 20 features and 2 classes, finite features; anything else
+(or a file that is not a readable .npz) raises DataFileCorrupt, a ValueError.
 """
 
 from __future__ import annotations
 
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
 
-from .errors import require_file
+from .errors import DataFileCorrupt, require_file
 from .federation import ClientData, Federation
 from .partition import natural
 
@@ -42,20 +45,34 @@ def load_released(name: str, data_dir: str | Path) -> Federation:
     if name not in FILES:
         raise ValueError(f"unknown released federation {name!r}; expected one of {list(FILES)}")
     path = require_file(Path(data_dir) / FOLDER / FILES[name], name, hint=_HINT)
-    with np.load(path, allow_pickle=False) as d:
-        missing = [a for a in ARRAYS if a not in d.files]
-        if missing:
-            raise ValueError(f"{path}: missing arrays {missing}; has {sorted(d.files)}")
-        a = {k: d[k] for k in ARRAYS}
+    fix = "Copy the fedprox-synthetic/ folder again from a machine that has an intact one."
+
+    def bad(problem: str) -> DataFileCorrupt:
+        return DataFileCorrupt(path, name, problem, hint=fix)
+
+    try:
+        d = np.load(path, allow_pickle=False)
+        if not isinstance(d, np.lib.npyio.NpzFile):  # a lone .npy array
+            raise ValueError("a single .npy array, not an .npz archive")
+        with d:
+            files = list(d.files)
+            a = {k: d[k] for k in ARRAYS if k in files}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile, zlib.error) as e:  # truncated, not an npz, bad CRC
+        raise bad(f"cannot read it as .npz ({type(e).__name__}: {e})") from None
+    missing = [k for k in ARRAYS if k not in a]
+    if missing:
+        raise bad(f"missing arrays {missing}; has {sorted(files)}")
     for part in ("train", "test"):
         x, y, owner = a[f"x_{part}"], a[f"y_{part}"], a[f"client_{part}"]
         if x.ndim != 2 or x.shape[1] != NUM_FEATURES or not (len(x) == len(y) == len(owner)):
-            raise ValueError(f"{path}: {part} arrays have shapes {x.shape}, {y.shape}, {owner.shape}; "
-                             f"expected (n, {NUM_FEATURES}), (n,), (n,)")
+            raise bad(f"{part} arrays have shapes {x.shape}, {y.shape}, {owner.shape}; "
+                      f"expected (n, {NUM_FEATURES}), (n,), (n,)")
         if set(np.unique(owner).tolist()) != set(range(NUM_CLIENTS)):
-            raise ValueError(f"{path}: client_{part} must hold every client id 0..{NUM_CLIENTS - 1}")
+            raise bad(f"client_{part} must hold every client id 0..{NUM_CLIENTS - 1}")
         if not set(np.unique(y).tolist()) <= set(range(NUM_CLASSES)):
-            raise ValueError(f"{path}: y_{part} has labels outside 0..{NUM_CLASSES - 1}")
+            raise bad(f"y_{part} has labels outside 0..{NUM_CLASSES - 1}")
+        if not np.isfinite(x).all():
+            raise bad(f"x_{part} has {int(np.size(x) - np.isfinite(x).sum())} NaN or infinite values")
 
     x_train, y_train = a["x_train"].astype(np.float32), a["y_train"].astype(np.int64)
     x_test, y_test = a["x_test"].astype(np.float32), a["y_test"].astype(np.int64)

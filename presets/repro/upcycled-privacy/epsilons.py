@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import SCHEMA, validate  # noqa: E402
 from common.data import load_client  # noqa: E402
-from common.data.errors import DataFileMissing  # noqa: E402
+from common.data.errors import DataFileError  # noqa: E402
 from common.privacy.ledger import PrivacyLedger  # noqa: E402
 from common.privacy.plan import planned_entries  # noqa: E402
 from server.report import read_rows  # noqa: E402
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         return 2
     try:
         cells = suite_epsilons(suite_dir, args.delta)
-    except DataFileMissing as exc:  # the ledgers need every client's |D_i|, so the data files
+    except DataFileError as exc:  # the ledgers need every client's |D_i|, so the data files
         print(f"epsilons.py: {exc}", file=sys.stderr)
         return 2
     keys = ["accuracy", "loss", "rdp_mean", "rdp_max", "pld_mean", "pld_max", "paper_mean", "paper_max",
