@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Mapping
@@ -94,19 +95,22 @@ def run_with_flower(overrides: Mapping[str, object], num_supernodes: int, *, flw
         command = ["flwr", "run", str(APP_DIR), "--stream", "--run-config", str(run_config),
                    "--federation-config", f"num-supernodes={num_supernodes}"]
         lines: list[str] = []
+        watchdog = None
         try:
             proc = subprocess.Popen(command, env=flower_env(home), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, cwd=APP_DIR)
-            deadline = time.monotonic() + timeout
+            # a run that hangs silently never yields a line: a timer, not the read loop, enforces the timeout
+            watchdog = threading.Timer(timeout, lambda: stop_processes([proc.pid, *pids_with_home(home)]))
+            watchdog.daemon = True
+            watchdog.start()
             for line in proc.stdout:  # type: ignore[union-attr]
                 lines.append(line)
                 if echo:
                     echo(line.rstrip("\n"))
-                if time.monotonic() > deadline:
-                    proc.kill()
-                    break
             code = proc.wait()
         finally:
+            if watchdog is not None:
+                watchdog.cancel()
             stop_processes(pids_with_home(home))
         output = "".join(lines)
         match = RESULTS_LINE.search(output)

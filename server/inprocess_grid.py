@@ -5,7 +5,10 @@ Each node has its own `Context` (node id, `node_config` with `partition-id` /
 `num-partitions`, a `state` that persists across messages, the run config),
 as Flower's simulation engine gives it. Replies carry the metadata Flower's
 runtime would set (message id, src/dst node ids, reply-to id), and a ClientApp
-exception becomes an error reply, never an exception in the server.
+exception becomes an error reply, never an exception in the server. A
+ClientApp result that is not a reply to its message (None, a reply to another
+message, from another node) is dropped, as Flower's SuperLink refuses to store
+it: the server sees no reply.
 
 `workers = 1` runs clients one after another in this process. `workers = N`
 runs them in N worker processes (spawned; each with `cpu_count // N` torch
@@ -17,7 +20,9 @@ within T seconds are dropped, as in Flower. With `workers = 1` a running
 client cannot be interrupted: once the deadline has passed, the reply of the
 client that was running is dropped and the remaining messages are not
 delivered at all. With workers, the late clients finish in the background and
-their replies are discarded.
+their replies are discarded; `close()` stops a client still running instead of
+waiting for it. A worker that dies takes its nodes with it: their messages get
+NODE_UNAVAILABLE error replies, as from a SuperNode that dropped out.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import secrets
 import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from typing import Iterable
 from uuid import uuid4
 
@@ -55,14 +61,25 @@ def node_ids_for(run_id: int, num_nodes: int) -> list[int]:
     return ids
 
 
-def deliver(client_app, message: Message, context: Context) -> Message:
-    """Run the ClientApp on one message, as Flower's runtime does."""
+def deliver(client_app, message: Message, context: Context) -> Message | None:
+    """Run the ClientApp on one message, as Flower's runtime does; None if its result is no valid reply."""
     try:
         reply = client_app(message, context)
     except Exception as ex:  # a client failure is a reply, not a server crash
         return error_reply(message, ex, ErrorCode.CLIENT_APP_RAISED_EXCEPTION)
+    if not is_reply_to(reply, message):  # Flower's SuperLink would not store it either
+        return None
     reply.metadata.__dict__["_message_id"] = str(uuid4())
     return reply
+
+
+def is_reply_to(reply, message: Message) -> bool:
+    """`reply` answers `message`, from the node it was sent to (what Flower's SuperLink checks)."""
+    if not isinstance(reply, Message):
+        return False
+    got, sent = reply.metadata, message.metadata
+    return (got.reply_to_message_id == sent.message_id and got.src_node_id == sent.dst_node_id
+            and got.dst_node_id == SUPERLINK_NODE_ID and got.run_id == sent.run_id)
 
 
 def error_reply(message: Message, ex: BaseException, code: int) -> Message:
@@ -119,6 +136,7 @@ class InProcessGrid(Grid):
         ctx = multiprocessing.get_context("spawn")  # torch and fork do not mix
         threads = max(1, (multiprocessing.cpu_count() or 1) // self.workers)
         self._pool_of: dict[int, ProcessPoolExecutor] = {}
+        self._last_task: dict[ProcessPoolExecutor, Future] = {}  # one worker each, FIFO: busy while not done
         for w in range(self.workers):
             mine = {n: c for i, (n, c) in enumerate(self.contexts.items()) if i % self.workers == w}
             pool = ProcessPoolExecutor(1, mp_context=ctx, initializer=_worker_init, initargs=(spec, mine, threads))
@@ -127,6 +145,10 @@ class InProcessGrid(Grid):
 
     def close(self) -> None:
         for pool in self._pools:
+            last = self._last_task.get(pool)
+            if last is not None and not last.done():  # a client past its round's deadline: stop, not wait
+                for proc in (pool._processes or {}).values():  # private, but the only handle on the worker
+                    proc.kill()
             pool.shutdown(cancel_futures=True)
         self._pools.clear()
 
@@ -163,7 +185,11 @@ class InProcessGrid(Grid):
             msg.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
             if self._pools:
                 self._sent[msg_id] = msg
-                self._replies[msg_id] = self._pool_of[node].submit(_worker_deliver, msg)
+                try:
+                    pool = self._pool_of[node]
+                    self._replies[msg_id] = self._last_task[pool] = pool.submit(_worker_deliver, msg)
+                except BrokenProcessPool as ex:  # its worker died: the node is gone
+                    self._replies[msg_id] = error_reply(msg, ex, ErrorCode.NODE_UNAVAILABLE)
             else:
                 self._replies[msg_id] = deliver(self.client_app, msg, self.contexts[node])
             ids.append(msg_id)
@@ -172,7 +198,9 @@ class InProcessGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         out = []
         for msg_id in message_ids:
-            reply = self._replies.get(msg_id)
+            if msg_id not in self._replies:
+                continue
+            reply = self._replies[msg_id]
             if isinstance(reply, Future):
                 if not reply.done():
                     continue
@@ -180,10 +208,10 @@ class InProcessGrid(Grid):
                     reply = reply.result()
                 except Exception as ex:  # the worker process died or could not run the message
                     reply = error_reply(self._sent[msg_id], ex, ErrorCode.UNKNOWN)
-            if reply is not None:
+            del self._replies[msg_id]
+            self._sent.pop(msg_id, None)
+            if reply is not None:  # None: no valid reply was made (see `deliver`)
                 out.append(reply)
-                del self._replies[msg_id]
-                self._sent.pop(msg_id, None)
         return out
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout: float | None = None) -> Iterable[Message]:
@@ -205,6 +233,6 @@ class InProcessGrid(Grid):
                 break
             (msg_id,) = self.push_messages([msg])
             reply = self._replies.pop(msg_id)
-            if deadline is None or time.monotonic() <= deadline:
+            if reply is not None and (deadline is None or time.monotonic() <= deadline):
                 replies.append(reply)
         return replies

@@ -4,11 +4,20 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from flwr.app import Message
+from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 
 from common.records import recorddict_nbytes
 from server.delegating_grid import DelegatingGrid
+
+
+def reply_nbytes(reply: Message) -> int:
+    """A reply's payload bytes. Its arrays' dtypes are the client's word, read here before screening: where
+    numpy does not know one, count the array bytes that came (screening drops the reply)."""
+    try:
+        return recorddict_nbytes(reply.content)
+    except (TypeError, ValueError):
+        return sum(len(a.data) for r in reply.content.values() if isinstance(r, ArrayRecord) for a in r.values())
 
 
 class MeteredGrid(DelegatingGrid):
@@ -26,7 +35,7 @@ class MeteredGrid(DelegatingGrid):
         self.bytes_down += sum(recorddict_nbytes(m.content) for m in messages if m.has_content())
 
     def _count_up(self, replies: list[Message]) -> None:
-        self.bytes_up += sum(recorddict_nbytes(m.content) for m in replies if m.has_content())
+        self.bytes_up += sum(reply_nbytes(m) for m in replies if m.has_content())
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)

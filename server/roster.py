@@ -95,6 +95,9 @@ def enroll(grid: Grid, expected: int, timeout: float, log=print, sizes: Sequence
     for reply in grid.send_and_receive(asks, timeout=timeout):
         src = reply.metadata.src_node_id
         if reply.has_error():
+            # Flower's SuperLink answers for an unavailable node itself (src = its own id): name the node asked
+            src = next((m.metadata.dst_node_id for m in asks if m.metadata.message_id
+                        and m.metadata.message_id == reply.metadata.reply_to_message_id), src)
             problems.append(f"node {src}: {reply.error.reason}")
             continue
         try:

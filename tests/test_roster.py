@@ -89,3 +89,23 @@ def test_runner_caps_num_examples_by_the_federation(tmp_path, monkeypatch):
         with pytest.raises(FederationError, match="num-examples 1000000000000000 exceeds partition 1's"):
             run_federation(grid, cfg)
     client.node._local.clear()
+
+
+def test_an_unavailable_node_is_named_not_the_superlink():
+    """Flower's SuperLink answers for an unavailable node itself, with its own id as the source: the
+    enrollment error names the node that was asked."""
+    from flwr.app import Error
+    from flwr.common.constant import ErrorCode
+
+    class SuperLinkAnswers(FakeGrid):
+        def send_and_receive(self, msgs, timeout=None):
+            for i, m in enumerate(msgs):
+                m.metadata.__dict__["_message_id"] = f"m{i}"  # as the grid's push sets it
+            out = super().send_and_receive([m for m in msgs if m.metadata.dst_node_id != 103])
+            gone = next(m for m in msgs if m.metadata.dst_node_id == 103)
+            error = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="node unavailable"), reply_to=gone)
+            error.metadata.__dict__["_src_node_id"] = SUPERLINK_NODE_ID
+            return out + [error]
+
+    with pytest.raises(FederationError, match="node 103: node unavailable"):
+        enroll(SuperLinkAnswers({**GOOD, 103: {"partition-id": 2, "num-examples": 60}}), 3, 1.0, lambda *_: None)
