@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from flwr.app import ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from client.privacy import BudgetExhausted
 from client.updates.hu_dpsgd import (
@@ -260,3 +260,81 @@ def test_budget_refusals_pass_through_secure_aggregation(tmp_path):
     assert len(PrivacyLedger.load(spent_path)) == 1  # the refusal left its ledger unchanged
     for path in (tmp_path / "node-state").rglob("*.ledger.json"):
         assert PrivacyLedger.load(path).epsilon(1e-4, "hu-thm1") <= 5.0 * (1 + 1e-9)
+
+
+def test_upcycled_calibrates_sigma_over_its_training_rounds_only():
+    """Under Upcycled-FL only odd rounds train, drawn by training round (t + 1) // 2: sigma is calibrated
+    for those draws, so every device ends exactly at the target, not below it from noise for rounds that
+    never train."""
+    from collections import Counter
+
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from server.strategies.registry import build_strategy
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
+    strategy = build_strategy(_hu_config(upcycled=True), _roster(), lambda _: None)
+    base = strategy.base
+    count = Counter()
+    for t in range(1, 21):
+        for msg in strategy.configure_train(t, ArrayRecord([np.zeros(2, np.float32)]), ConfigRecord(), None):
+            count[msg.metadata.dst_node_id - 1000] += 1
+    assert base.schedule == {p: count[p] for p in range(16)} and sum(count.values()) == 100
+    spent = max(zcdp_epsilon(count[p] * base.round_rho(p), 1e-4) for p in range(16))
+    assert spent == pytest.approx(10.0, rel=1e-6) and spent <= 10.0
+
+
+@pytest.mark.parametrize("accountant", ["conservative", "paper", "paper-dsgd"])
+def test_calibrated_sigma_never_exceeds_the_target(accountant):
+    """Rounding in the closed form must not put the composed epsilon (a sum of C entries) past the target."""
+    rng = np.random.default_rng(0)
+    for _ in range(300):
+        epsilon, delta = float(rng.uniform(0.05, 30)), float(rng.choice([1e-4, 1e-5, 1e-6]))
+        C = int(rng.integers(1, 300))
+        kw = dict(local_steps=1 if accountant == "paper-dsgd" else int(rng.integers(1, 50)),
+                  clip=float(rng.uniform(0.01, 5)), dataset_size=int(rng.integers(100, 5000)),
+                  batch_size=int(rng.integers(1, 60)), clients_per_round=int(rng.integers(1, 10)), num_clients=16)
+        sigma = calibrate_sigma(accountant, epsilon, delta, C, **kw)
+        assert zcdp_epsilon(math.fsum([round_rho(accountant, sigma, **kw)] * C), delta) <= epsilon
+
+
+def test_stragglers_are_refused_not_silently_ignored():
+    """Stragglers shorten local epochs; Hu's clients run their own tau steps whatever the instruction says."""
+    from server.strategies.registry import build_strategy
+
+    with pytest.raises(ConfigError, match="stragglers = 0"):
+        build_strategy(_hu_config(stragglers=0.5), _roster(), lambda _: None)
+    assert build_strategy(_hu_config(), _roster(), lambda _: None).stragglers == 0.0
+
+
+def test_a_round_that_cannot_train_spends_no_budget(tmp_path):
+    """A model that does not fit, or a batch larger than the local data (the paper accountant does not
+    check it), fails before the ledger is charged: the server's mirror records nothing for an error reply."""
+    client = _client(tmp_path, **{"hu-local-steps": 2})
+    cfg = {"server-round": 1, "hu-sigma": 2.0, "hu-local-steps": 2, "hu-clip": 1.0, "hu-accountant": "conservative"}
+    wrong = RecordDict({"arrays": ArrayRecord([np.zeros(5, np.float32)]), "config": ConfigRecord(cfg)})
+    with pytest.raises(ValueError, match="arrays do not match"):
+        hu_update(client, wrong, RecordDict())
+    assert len(client.ledger.entries) == 0
+    big = _client(tmp_path / "big", **{"hu-local-steps": 2, "hu-accountant": "paper", "batch-size": 20})
+    content = RecordDict({"arrays": model_to_arrays(big.model),
+                          "config": ConfigRecord({**cfg, "hu-accountant": "paper"})})
+    with pytest.raises(ValueError, match="exceeds the local dataset"):
+        hu_update(big, content, RecordDict())
+    assert len(big.ledger.entries) == 0
+    with pytest.raises(ValueError, match="exceeds the local dataset"):  # the server stops such a run first
+        DpFedAvgHu(_roster(m=1000), 0, 0.625, lambda _: None, config=_hu_config(**{"hu-accountant": "paper"}))
+
+
+def test_without_a_budget_the_client_keeps_its_own_sigma(tmp_path):
+    """target-epsilon = 0: the run config's hu-sigma is the client's guarantee; less noise is refused."""
+    client = _client(tmp_path, **{"hu-local-steps": 2, "target-epsilon": 0.0, "hu-sigma": 1.0})
+    cfg = {"server-round": 1, "hu-sigma": 1e-6, "hu-local-steps": 2, "hu-clip": 1.0, "hu-accountant": "conservative"}
+    content = RecordDict({"arrays": model_to_arrays(client.model), "config": ConfigRecord(cfg)})
+    with pytest.raises(BudgetExhausted, match="below this client's hu-sigma"):
+        hu_update(client, content, RecordDict())
+    assert len(client.ledger.entries) == 0
+    content["config"]["hu-sigma"] = 1.0
+    assert hu_update(client, content, RecordDict())["metrics"]["num-examples"] == 12
+    assert len(client.ledger.entries) == 1

@@ -160,6 +160,12 @@ def hu_update(client, content, state):
         raise BudgetExhausted(                                  # rho would be charged as 0
             f"refused: a private run needs hu-sigma > 0 and hu-clip > 0; the server sent sigma = {sigma:g}, "
             f"clip = {clip:g}")
+    if float(config["target-epsilon"]) <= 0 and sigma < float(config["hu-sigma"]):  # no budget: its own sigma
+        raise BudgetExhausted(f"refused: the server sent sigma = {sigma:g}, below this client's hu-sigma = "
+                              f"{float(config['hu-sigma']):g}")
+    # whatever can fail before training fails before the charge: a failed round must not spend budget
+    epochs_touched(tau, m, gamma)  # ValueError if gamma > m
+    load_arrays(client.model, content[ARRAYS])
     if sigma > 0:
         claimed = int(instruction.get("hu-clients-per-round", 1))
         if claimed != r:  # the secure-aggregation credit only for a masked reply among r clients
@@ -169,7 +175,6 @@ def hu_update(client, content, state):
         # the paper's conversion too (sigma is calibrated to hit the target exactly: float tolerance)
         charge(client.ledger, config, entries, also={"hu-thm1": 1e-9})  # records before training
 
-    load_arrays(client.model, content[ARRAYS])
     # Secret by default under DP: the server must not regenerate the noise or the batches.
     root = mechanism_seed(config) if sigma > 0 else int(config["seed"])
     loss = hu_train(client.model, client.x, client.y, steps=tau, batch_size=gamma, clip=clip, sigma=sigma,

@@ -50,14 +50,14 @@ def calibrate_sigma(accountant: str, epsilon: float, delta: float, participation
     """The smallest sigma with participations * rho(sigma) <= rho*(epsilon, delta) (closed form).
 
     rho* = (sqrt(log 1/delta + epsilon) - sqrt(log 1/delta))^2 inverts Lemma 4 exactly;
-    sigma = sqrt(C K / rho*).
+    sigma = sqrt(C K / rho*), raised by a relative 1e-10 so that rounding never puts epsilon past the target.
     """
     from common.privacy.accounting import zcdp_rho_for_epsilon
 
     if not epsilon > 0:
         raise ValueError(f"target epsilon must be positive, got {epsilon}")
     target = zcdp_rho_for_epsilon(float(epsilon), float(delta))
-    return math.sqrt(int(participations) * rho_coefficient(accountant, **kw) / target)
+    return math.sqrt(int(participations) * rho_coefficient(accountant, **kw) / target) * (1 + 1e-10)
 
 
 def hu_entries(config: Mapping[str, Any], instruction: Mapping[str, Any], dataset_size: int) -> list[LedgerEntry]:

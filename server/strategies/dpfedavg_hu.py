@@ -32,9 +32,9 @@ import math
 
 from flwr.app import ConfigRecord
 
-from common.config import RunConfig
+from common.config import ConfigError, RunConfig
 from common.privacy.accounting import zcdp_epsilon
-from common.privacy.hu import calibrate_sigma, round_rho
+from common.privacy.hu import calibrate_sigma, epochs_touched, round_rho
 from server.roster import Roster
 from server.sampling import num_sampled, sample_partitions
 from server.strategies.fedavg import FedAvg
@@ -63,7 +63,12 @@ class DpFedAvgHu(FedAvg):
         # The /r credit counts the clients whose noise is in the decoded sum: at least secagg-min-survivors
         # (the grid aborts a round with fewer), not necessarily all r selected.
         self.credited = min(self.r, int(config["secagg-min-survivors"])) if self.secure else 1
-        self.schedule = participation_schedule(seed, int(config["num-rounds"]), roster.partitions, fraction_train)
+        # Upcycled-FL trains on odd rounds only, and draws clients by training round: (T + 1) // 2 of them
+        rounds = int(config["num-rounds"])
+        rounds = (rounds + 1) // 2 if config["upcycled"] else rounds
+        self.schedule = participation_schedule(seed, rounds, roster.partitions, fraction_train)
+        for p in roster.partitions:  # gamma > m stops the run here, not in every client after its charge
+            epochs_touched(self.tau, roster.num_examples[p], self.gamma)
         epsilon = float(config["target-epsilon"])
         if epsilon > 0:
             self.sigma = max(
@@ -77,6 +82,13 @@ class DpFedAvgHu(FedAvg):
             f"{', secure-aggregation credit' if self.secure and self.accountant == 'paper' else ''}); "
             f"participations C_i in {min(self.schedule.values())}..{max(self.schedule.values())}; "
             f"planned epsilon {planned:.4f} at delta {self.delta:g}")
+
+    def setup_stragglers(self, fraction: float, local_epochs: int) -> None:
+        """Refused: a straggler runs fewer local epochs, but this rule runs tau steps (the client's own)."""
+        if fraction > 0:
+            raise ConfigError("strategy 'dpfedavg-hu' runs hu-local-steps steps per round, which stragglers do not "
+                              f"shorten (clients refuse another tau); set stragglers = 0 (got {fraction})")
+        super().setup_stragglers(fraction, local_epochs)
 
     def _coefficients(self, partition: int) -> dict:
         return {"local_steps": self.tau, "clip": self.clip, "dataset_size": self.roster.num_examples[partition],
