@@ -87,7 +87,12 @@ def main() -> None:
     from client.updates.sgd import sgd_update
     from common.data import load_federation
 
-    federation = load_federation(fedlap_cfg)
+    from common.data.errors import DataFileError
+
+    try:
+        federation = load_federation(fedlap_cfg)
+    except DataFileError as err:  # the message says where the files go and how to fetch them
+        raise SystemExit(f"fedlap_cost: {err}") from None
     torch.manual_seed(0)
     model = build_model(str(fedlap_cfg["model"]), federation.input_shape, federation.num_classes)
     arrays = model_to_arrays(model)

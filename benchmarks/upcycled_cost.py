@@ -134,7 +134,8 @@ def main(argv=None) -> int:
     print(f"Upcycled vs vanilla, {args.strategy}, setting {args.setting}, {args.rounds} rounds each, "
           f"{args.repeat} repeat(s), means:")
     print(f"{'':16}{'vanilla':>14}{'upcycled':>14}{'ratio':>8}")
-    summary = {"setting": args.setting, "strategy": args.strategy, "rounds": args.rounds, "repeat": args.repeat}
+    summary = {"benchmark": "upcycled_cost", "setting": args.setting, "strategy": args.strategy, "rounds": args.rounds,
+               "repeat": args.repeat}
     for key in keys:
         v, u = mean("vanilla", key), mean("upcycled", key)
         ratio = (u / v) if (v and u is not None) else None
