@@ -178,38 +178,11 @@ def _run_ledger(args: argparse.Namespace) -> int:
         if args.json:
             report = ledger.report(args.delta, args.accountant, conversion=args.conversion)
             print(json.dumps({**report.to_json(), "relations": sorted(ledger.relations()),
-                              "sampling": _ledger_sampling(ledger)}))
+                              "sampling": ledger.sampling()}))
             return 0
         accountants = ["rdp", "pld"] if args.accountant in ("rdp", "pld") else [args.accountant]
-        for line in _ledger_lines(ledger, args.delta, accountants, args.conversion):
+        for line in ledger.summary_lines(args.delta, accountants, args.conversion):
             print(line)
     except (ValueError, KeyError) as err:
         return _fail(err)
     return 0
-
-
-def _ledger_lines(ledger, delta: float, accountants: list[str], conversion: str) -> list[str]:
-    """`summary_lines` with its accountant lines redone at `conversion` (it always converts RDP with balle).
-    Its layout: one line per entry, the relation line, the accountant lines, then the pure-DP line if any."""
-    lines = ledger.summary_lines(delta, ())
-    head = len(ledger.entries) + 1
-    ours = []
-    for name in accountants:
-        try:
-            r = ledger.report(delta, name, conversion=conversion)
-        except ValueError as err:
-            ours.append(f"epsilon [{name}]: n/a ({err})")
-            continue
-        ours.append(f"epsilon [{name}{'/' + r.conversion if r.conversion else ''}] = {r.approx:.4f}")
-    schemes, parts = _ledger_sampling(ledger), []
-    if "poisson" in schemes:
-        parts.append("Poisson for the DP-SGD entries (at their q)")
-    if "none" in schemes:
-        parts.append("no amplification by sampling for the other entries")
-    return lines[:head] + [f"sampling: {'; '.join(parts) or '-'}"] + ours + lines[head:]
-
-
-def _ledger_sampling(ledger) -> list[str]:
-    """Sampling schemes the entries were accounted with: Poisson for DP-SGD; none (no amplification) else."""
-    kinds = {e.kind for e in ledger.entries if not e.is_post_processing}
-    return sorted({"poisson" if kind == "dpsgd" else "none" for kind in kinds})

@@ -203,14 +203,23 @@ class PrivacyLedger:
             lo, hi = (mid, hi) if ok(mid) else (lo, mid)
         return lo
 
-    def summary_lines(self, delta: float, accountants: Sequence[str] = ("rdp", "pld")) -> list[str]:
-        """A human-readable report: one line per entry, then one per accountant."""
+    def sampling(self) -> list[str]:
+        """Sampling schemes the entries are accounted with: Poisson for DP-SGD, none (no amplification) else."""
+        kinds = {e.kind for e in self._entries if not e.is_post_processing}
+        return sorted({"poisson" if kind == "dpsgd" else "none" for kind in kinds})
+
+    def summary_lines(self, delta: float, accountants: Sequence[str] = ("rdp", "pld"),
+                      conversion: str = "balle") -> list[str]:
+        """A human-readable report: one line per entry, the guarantee, then one line per accountant."""
         lines = [e.describe() for e in self._entries]
         rels = ", ".join(sorted(self.relations())) or "-"
         lines.append(f"record-level DP for this client's data; neighbouring relation(s): {rels}; delta = {delta:g}")
+        schemes = {"poisson": "Poisson for the DP-SGD entries (at their q)",
+                   "none": "no amplification by sampling for the other entries"}
+        lines.append(f"sampling: {'; '.join(schemes[s] for s in self.sampling()) or '-'}")
         for name in accountants:
             try:
-                r = self.report(delta, name)
+                r = self.report(delta, name, conversion=conversion)
             except ValueError as err:
                 lines.append(f"epsilon [{name}]: n/a ({err})")
                 continue
