@@ -158,12 +158,11 @@ def claim_results(runs: list[dict[str, Any]], config, per_seed: bool) -> list[di
                                   f"or remove that folder")
         return runs
     stem = default_run_name(config)  # a timestamp: runs started in the same second share it
-    for i in itertools.count(1):
-        base = stem if i == 1 else f"{stem}-{i}"
+    for base in itertools.chain([stem], (f"{stem}-{i}" for i in itertools.count(2))):
         names = [f"{base}-s{run['seed']}" if per_seed else base for run in runs]
         if _claim([root / name for name in names]):
             return [{**run, "run-name": name} for run, name in zip(runs, names)]
-    return runs  # not reached: count() never ends
+    raise AssertionError("unreachable: the name candidates never end")
 
 
 def _claim(folders: list[Path]) -> bool:
