@@ -1,4 +1,4 @@
-"""FedLAP review findings: one regression test each."""
+"""FedLAP-DP: hostile or unusual replies and configs, one regression test each."""
 
 from collections import OrderedDict
 

@@ -1,4 +1,4 @@
-"""Review of the user-facing commands: one-line errors, nothing lost, every printed epsilon says what it means."""
+"""User-facing commands: one-line errors, nothing lost, every printed epsilon says what it means."""
 
 import json
 import math

@@ -1,4 +1,4 @@
-"""ALI-DPFL review findings: one regression test each (the strategy driven directly, no clients)."""
+"""ALI-DPFL edge cases, one regression test each (the strategy driven directly, no clients)."""
 
 import numpy as np
 import pytest

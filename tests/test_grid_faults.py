@@ -1,4 +1,4 @@
-"""Grid review: bad ClientApp results, dead or hung worker processes, unreadable reply payloads and a
+"""Bad ClientApp results, dead or hung worker processes, unreadable reply payloads and a
 silent `flwr run` never crash or hang the server."""
 
 import multiprocessing
