@@ -41,20 +41,36 @@ def arrays_problem(got: ArrayRecord, reference: Mapping[str, Any], what: str = "
     if list(got.keys()) != list(reference.keys()):
         return f"{what} names differ from the expected {list(reference.keys())}"
     for key, ref in reference.items():
-        try:
-            values = got[key].numpy()
-        except (TypeError, ValueError, OSError, EOFError) as exc:  # not a readable .npy payload
-            return f"{what} {key!r} cannot be read: {exc}"
-        if not isinstance(values, np.ndarray):  # np.load turns zip bytes into an NpzFile
-            return f"{what} {key!r} is not an array payload"
+        values = read_payload(got[key])
+        if isinstance(values, str):
+            return f"{what} {key!r} {values}"
         want_dtype, want_shape = np.dtype(ref.dtype), tuple(ref.shape)
         if values.dtype != want_dtype or values.shape != want_shape:
             return (f"{what} {key!r} is {values.dtype} of shape {values.shape}, "
                     f"expected {want_dtype} of shape {want_shape}")
-        if values.dtype.kind == "f" and not np.isfinite(values).all():
-            return f"{what} {key!r} holds NaN or inf"
-        if values.size and float(np.abs(values).max()) > MAX_ABS_VALUE:
-            return f"{what} {key!r} holds values beyond +-{MAX_ABS_VALUE:g}"
+        problem = magnitude_problem(values)
+        if problem:
+            return f"{what} {key!r} {problem}"
+    return None
+
+
+def read_payload(array) -> np.ndarray | str:
+    """The array a reply's Array holds, or why it holds none (a client controls these bytes)."""
+    try:
+        values = array.numpy()
+    except (TypeError, ValueError, OSError, EOFError) as exc:  # not a readable .npy payload
+        return f"cannot be read: {exc}"
+    if not isinstance(values, np.ndarray):  # np.load turns zip bytes into an NpzFile
+        return "is not an array payload"
+    return values
+
+
+def magnitude_problem(values: np.ndarray) -> str | None:
+    """NaN, inf, or values so large that one reply would wreck the aggregate (or overflow FedYogi's v)."""
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        return "holds NaN or inf"
+    if values.size and float(np.abs(values).max()) > MAX_ABS_VALUE:
+        return f"holds values beyond +-{MAX_ABS_VALUE:g}"
     return None
 
 

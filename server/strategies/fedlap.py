@@ -39,7 +39,7 @@ from common.fedlap.trust import param_distance, vote_radius
 from common.models import build_model, resolve_model_name
 from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
 from common.seeding import torch_generator
-from server.replies import MAX_ABS_VALUE, arrays_problem, examples_problem
+from server.replies import arrays_problem, examples_problem, magnitude_problem, read_payload
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
 
@@ -58,19 +58,16 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
     record, metric = content[SET_KEY], metrics[0]
     if sorted(record.keys()) != ["images", "labels"]:
         return f"set arrays must be 'images' and 'labels', got {sorted(record.keys())}"
-    try:
-        images, labels = record["images"].numpy(), record["labels"].numpy()
-    except (TypeError, ValueError, OSError, EOFError) as exc:  # not a readable .npy payload
-        return f"set arrays cannot be read: {exc}"
-    if not isinstance(images, np.ndarray) or not isinstance(labels, np.ndarray):  # .npz bytes load as an NpzFile
-        return "set arrays are not single .npy arrays"
+    images, labels = read_payload(record["images"]), read_payload(record["labels"])
+    for name, values in (("images", images), ("labels", labels)):
+        if isinstance(values, str):
+            return f"set arrays: {name} {values}"
     if images.dtype != np.float32 or images.ndim != 1 + len(input_shape) or tuple(images.shape[1:]) != input_shape:
         return (f"images have shape {images.shape} ({images.dtype}), expected float32 "
                 f"[n, {', '.join(map(str, input_shape))}]")
-    if not np.isfinite(images).all():
-        return "images hold NaN or inf"
-    if images.size and float(np.abs(images).max()) > MAX_ABS_VALUE:
-        return f"images hold values beyond +-{MAX_ABS_VALUE:g}"
+    problem = magnitude_problem(images)
+    if problem:
+        return f"images {problem}"
     if labels.dtype.kind not in "iu" or labels.shape != (len(images),):
         return f"labels have shape {labels.shape} ({labels.dtype}), expected [{len(images)}] integers"
     if len(labels) == 0:
