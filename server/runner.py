@@ -56,9 +56,9 @@ def retire(strategy, partition: int) -> None:
     strategy.retire(partition)
 
 
-def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, replies, log,
+def account_round(planned: dict[int, list], strategy, roster, mirror: PrivacyMirror, messages, replies, log,
                   sent: set[int] | None = None) -> None:
-    """Mirror the privacy each instruction spent; retire refusing clients.
+    """Mirror the privacy each instruction spent (`planned`: `planned_by_partition`); retire refusing clients.
 
     Privacy is spent when an update is released. A reply without error: released, recorded. An error
     reply (a budget refusal, or a client that failed before releasing): nothing recorded. No reply (a
@@ -68,7 +68,6 @@ def account_round(config, strategy, roster, mirror: PrivacyMirror, messages, rep
     where the grid left some out; None: all."""
     partition_of = {node: p for p, node in roster.node_of.items()}
     errors = {r.metadata.src_node_id: r.error for r in replies if r.has_error()}
-    planned = planned_by_partition(config, roster, messages)
     for msg in messages:
         node = msg.metadata.dst_node_id
         partition, error = partition_of[node], errors.get(node)
@@ -142,9 +141,10 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             log(f"no client can train within its privacy budget; ending the run after round {server_round - 1}")
             break
         messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))
-        checkpointer.begin_round(server_round, planned_by_partition(config, roster, messages))
+        planned = planned_by_partition(config, roster, messages)
+        checkpointer.begin_round(server_round, planned)
         replies = list(grid_for_strategy.send_and_receive(messages, timeout=float(config["round-timeout"])))
-        account_round(config, strategy, roster, mirror, messages, replies, log,
+        account_round(planned, strategy, roster, mirror, messages, replies, log,
                       instructed(grid_for_strategy, metered))
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
         if aggregated is not None:

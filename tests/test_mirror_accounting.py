@@ -10,7 +10,7 @@ from common.config import validate
 from common.privacy.ledger import PrivacyLedger
 from common.privacy.plan import planned_entries
 from server.privacy_mirror import PrivacyMirror
-from server.runner import account_round, instructed
+from server.runner import account_round, instructed, planned_by_partition
 
 CONFIG = validate({"num-clients": 5, "privacy": "dpsgd", "local-steps": 10, "dp-sample-rate": 0.1,
                    "dp-noise-multiplier": 1.0, "target-epsilon": 0.0})
@@ -26,7 +26,8 @@ def _account(replies, sent=None):
     mirror, retired = PrivacyMirror(CONFIG, list(NODES)), []
     roster = NS(node_of=NODES, num_examples={p: 50 for p in NODES})
     msgs = [NS(metadata=NS(dst_node_id=n), content={"config": {"server-round": 1}}) for n in NODES.values()]
-    account_round(CONFIG, NS(retire=retired.append), roster, mirror, msgs, replies, lambda _: None, sent)
+    planned = planned_by_partition(CONFIG, roster, msgs)
+    account_round(planned, NS(retire=retired.append), roster, mirror, msgs, replies, lambda _: None, sent)
     return {p: len(ledger.entries) for p, ledger in mirror.ledgers.items()}, retired, mirror
 
 
