@@ -145,7 +145,7 @@ def claim_results(runs: list[dict[str, Any]], config, per_seed: bool) -> list[di
     """`runs` with results folders of their own: an earlier run's results are never overwritten.
     `per_seed`: runs of --seeds, named <name>-s<seed>."""
     from common.config import ConfigError
-    from server.results import default_run_name
+    from server.results import default_run_name, holds_run
 
     if config["checkpoint"]:  # the same run-name resumes that run (the runner refuses an empty one)
         return runs
@@ -153,7 +153,7 @@ def claim_results(runs: list[dict[str, Any]], config, per_seed: bool) -> list[di
     if config["run-name"]:
         for run in runs:
             folder = root / str(run["run-name"])
-            if (folder / "summary.json").exists() or (folder / "metrics.jsonl").exists():
+            if holds_run(folder):
                 raise ConfigError(f"results folder {folder} already holds a run; choose another run-name "
                                   f"or remove that folder")
         return runs

@@ -29,6 +29,11 @@ def default_run_name(config: Mapping[str, Any]) -> str:
     return f"{config['strategy']}-{config['dataset']}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
+def holds_run(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run's results, finished or not: a fresh run must not overwrite them."""
+    return (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists()
+
+
 def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: write them as null."""
     if isinstance(value, float) and not math.isfinite(value):

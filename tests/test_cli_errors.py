@@ -70,6 +70,19 @@ def test_rerun_with_same_run_name_is_refused(capsys, tmp_path):
     assert code == 0, err  # keep-s1 is another folder
 
 
+def test_the_server_app_refuses_a_run_name_that_holds_a_run(tmp_path):
+    """The `flwr run` path (the ServerApp) refuses too, before any client is asked."""
+    from server.inprocess import run_inprocess
+
+    config = validate({"run-name": "keep", "results-dir": str(tmp_path), "num-rounds": 1})
+    run_inprocess(config)
+    metrics = (tmp_path / "keep" / "metrics.jsonl").read_text()
+    with pytest.raises(ConfigError, match="already holds a run"):
+        run_inprocess(config)
+    assert (tmp_path / "keep" / "metrics.jsonl").read_text() == metrics
+    run_inprocess({**config, "checkpoint": True})  # the run-name names a run to resume or start afresh
+
+
 def test_default_run_names_never_collide(capsys, tmp_path, monkeypatch):
     import server.results
 
