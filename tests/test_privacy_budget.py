@@ -52,7 +52,7 @@ def test_restarted_client_keeps_its_ledger(tmp_path):
     config = dp_config(tmp_path, **{"num-rounds": 2})
     run(config, run_id=22)
     client.node._local.clear()  # a fresh client process: nothing in memory
-    run(config, run_id=22)  # the same run continues on the restarted clients
+    run({**config, "run-name": "dp-again"}, run_id=22)  # the same Flower run goes on with restarted clients
     ledger = PrivacyLedger.load(ledger_path(config, {}, 22, 0))
     assert ledger.steps() == 4 * STEPS  # 2 + 2 rounds, never a fresh ledger
 
