@@ -146,3 +146,26 @@ def test_pfedme_personal_step_is_the_papers_update():
     personal_step(thetas, grads, ws, lr, lam, mu)
     for got, want in zip(thetas, expected):
         torch.testing.assert_close(got, want)
+
+
+def test_building_a_strategy_logs_no_flower_warning_about_federated_evaluation():
+    """Every strategy sets fraction_evaluate = 0 (the runner evaluates centrally); Flower's warning about it
+    would print on every run, --quiet included."""
+    import logging
+
+    from common.config import validate
+    from server.roster import Roster
+    from server.strategies.registry import build_strategy
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    flwr_logger = logging.getLogger("flwr")
+    flwr_logger.addHandler(handler)
+    try:
+        for strategy in ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi"):
+            build_strategy(validate({"strategy": strategy}), Roster({0: 10, 1: 11}, {0: 50, 1: 50}),
+                           log=lambda _: None)
+    finally:
+        flwr_logger.removeHandler(handler)
+    assert not [r for r in records if "fraction_evaluate" in r.getMessage()]

@@ -3,8 +3,21 @@ stragglers, wrapped in Upcycled-FL when `upcycled` is true."""
 
 from __future__ import annotations
 
+import logging
+
 from common.config import ConfigError, RunConfig
 from server.roster import Roster
+
+
+class _NoFederatedEvaluationWarning(logging.Filter):
+    """privfed evaluates the global model centrally (server/runner.py), so every strategy sets
+    fraction_evaluate = 0, and Flower's strategies warn about that each time one is built."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("fraction_evaluate is set to 0.0")
+
+
+logging.getLogger("flwr").addFilter(_NoFederatedEvaluationWarning())
 
 
 def note_noise_seed(config: RunConfig, log=print) -> None:
