@@ -369,13 +369,16 @@ def secure_train(rule: Rule, client: Any, msg: Message, context: Context) -> Mes
     round_ = from_u64b(cfg["round"])
     selected = ids_from_bytes(cfg["selected"])
     unit = {s for s in str(cfg.get("unit-records", "")).split(",") if s}
+    sa.check_round(round_, selected)  # refuse before training: a refused round must spend no privacy budget
     instruction = msg.content
     reply = rule(client, instruction, context.state)
     try:
         vector, weight, metrics, layout = encode_reply(reply, instruction, unit, float(cfg["weight-scale"]))
         masked = sa.masked_update(round_, selected, vector, weight, metrics, layout=layout)
-    except CodecRangeError as exc:
-        return Message(failure_content(f"value outside the secure-aggregation codec range: {exc}"), reply_to=msg)
+    except CodecRangeError:  # its message quotes the offending value: unmasked data, it stays here
+        bound = params.codec.clip
+        return Message(failure_content(f"a value is outside the secure-aggregation codec range [-{bound:g}, "
+                                       f"{bound:g}] (secagg-clip)"), reply_to=msg)
     except ValueError as exc:
         return Message(failure_content(f"cannot encode the reply for secure aggregation: {exc}"), reply_to=msg)
     _save(context, sa, digest)  # the round's masks are used: persist before the vector leaves

@@ -182,7 +182,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             row.update(clients=len(report.selected), secagg_survivors=len(report.survivors),
                        secagg_round_trips=report.round_trips)
         writer.add_round(row)
-        spent = f"  epsilon {row['epsilon_max']:.3f}" if "epsilon_max" in row else ""
+        spent = f"  epsilon {row['epsilon_max']:.3f} (delta {row['delta']:g})" if "epsilon_max" in row else ""
         console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
                       f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
         checkpointer.save(server_round, arrays, strategy, mirror, writer)
@@ -203,7 +203,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")
     writer.save_model(arrays)
     writer.plot_accuracy(f"{config['strategy']} on {config['dataset']}")
-    spent = f", epsilon {final['epsilon_max']:.4f}" if "epsilon_max" in final else ""
+    spent = f", epsilon {final['epsilon_max']:.4f} at delta {final['delta']:g}" if "epsilon_max" in final else ""
     console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {final['loss']:.4f}{spent}")
     if mirror.enabled:
         console.print(f"privfed: {epsilon_note(summary)}")

@@ -25,7 +25,10 @@ Messages and round trips
   towards the fixed-point step), the records to weight by 1
   instead of by examples, and the directory digest (plus the directory itself
   when needed). Each node replies with one masked vector of uint32/uint64 words
-  instead of its records (`client/secagg.py` for what it encodes).
+  instead of its records (`client/secagg.py` for what it encodes). The train
+  messages carry the round timeout as their TTL: a reply that misses it is
+  refused by the SuperLink instead of waiting there to be unmasked by the
+  reveals (`common/secagg/protocol.py`, threat model).
 * Dropouts: nodes that did not reply in time, replied with an error, or
   replied without a vector (a value out of the codec range, reported by the
   client) are dropped for the round, with a log line naming the node and the
@@ -322,10 +325,13 @@ class SecureAggregationGrid(DelegatingGrid):
                   "unit-records": ",".join(self.unit_records), "directory-digest": directory_digest(directory)}
         full = {**common, **directory_fields(directory)}
         out = []
+        # The instructions expire with the round: the SuperLink then neither hands one to a node nor stores a
+        # reply to it, so no vector can wait there past the timeout to be unmasked by the reveals.
         for n, m in by_node.items():
             cfg = ConfigRecord(dict(common if n in self._has_directory else full))
             content = RecordDict({**dict(m.content.items()), RECORD: cfg})
-            out.append(Message(content, dst_node_id=n, message_type=m.metadata.message_type, ttl=m.metadata.ttl,
+            ttl = m.metadata.ttl if timeout is None else min(m.metadata.ttl, timeout)
+            out.append(Message(content, dst_node_id=n, message_type=m.metadata.message_type, ttl=ttl,
                                group_id=m.metadata.group_id))
         replies = list(self.inner.send_and_receive(out, timeout=timeout))
         report.round_trips = 1

@@ -29,7 +29,7 @@ class Recorder(Grid):
     """Below the secure grid: records every message the server receives; can drop or corrupt replies."""
 
     def __init__(self, inner: Grid, drop: dict[int, int] | None = None, corrupt: dict[int, int] | None = None):
-        self.inner, self.received, self.train_round = inner, [], 0
+        self.inner, self.received, self.sent, self.train_round = inner, [], [], 0
         self.drop, self.corrupt = drop or {}, corrupt or {}  # train round -> partition index
 
     def set_run(self, run_id):
@@ -53,6 +53,7 @@ class Recorder(Grid):
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout=None):
         messages = list(messages)
+        self.sent.extend(messages)
         is_train = messages and messages[0].metadata.message_type == MessageType.TRAIN
         replies = list(self.inner.send_and_receive(messages, timeout=timeout))
         self.received.extend(replies)
@@ -110,6 +111,15 @@ def test_secure_fedavg_matches_plain_within_quantisation_bound(plain, secure):
         assert a["accuracy"] == pytest.approx(b["accuracy"], abs=2e-3)
         assert a["train_loss"] == pytest.approx(b["train_loss"], abs=1e-4)  # only aggregated metrics, same mean
         assert b["clients"] == 4
+
+
+def test_masked_round_instructions_expire_with_the_round(secure):
+    """A SuperLink neither hands out nor stores a reply to an expired instruction: with the round's
+    timeout as TTL, no masked vector can wait there past the timeout, to be unmasked by the reveals."""
+    _, _, rec, config = secure
+    train = [m for m in rec.sent if m.metadata.message_type == MessageType.TRAIN]
+    assert train and all(RECORD in m.content for m in train)
+    assert {m.metadata.ttl for m in train} == {float(config["round-timeout"])}
 
 
 def test_bytes_up_close_to_plaintext(plain, secure):

@@ -312,9 +312,9 @@ def _ali_code_steps(eps: Callable[[float], float], target: float, tolerance: flo
 def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate: float, steps: int, *,
                                accountant: str = "rdp", conversion: str = "balle", orders: Orders | None = None,
                                tol: float = 1e-4) -> float:
-    """The smallest noise multiplier sigma (to within `tol`, rounded up) whose
+    """The smallest noise multiplier sigma on the grid of multiples of `tol` (rounded up) whose
     `steps` DP-SGD steps at rate q have epsilon(delta) <= target. Bracketing and Brent root-finding;
-    the returned sigma always meets the target."""
+    the returned sigma always meets the target, and so does sigma written to tol's precision."""
     delta = _check_delta(delta)
     _check_dpsgd(sample_rate)
     if target_epsilon <= 0:
@@ -337,13 +337,19 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
     while eps(lo) <= target_epsilon:
         hi, lo = lo, lo / 2
         if lo < 1e-4:
-            return hi
-    # Brent's method to within tol/2, then step up until the target is met, so
-    # the result meets the target and is within tol of the smallest sigma.
+            return _grid_up(hi, tol, eps, target_epsilon)
+    # Brent's method to within tol/2, then up to the tol grid and on up until the target is met, so the
+    # result meets the target, is within about tol of the smallest sigma, and is what a caller printing
+    # it to tol's precision shows (a sigma rounded down when printed may miss the target).
     root = optimize.brentq(lambda s: eps(s) - target_epsilon, lo, hi, xtol=tol / 2)
-    sigma = min(root, hi)
+    return _grid_up(min(root, hi), tol, eps, target_epsilon)
+
+
+def _grid_up(sigma: float, tol: float, eps: Callable[[float], float], target_epsilon: float) -> float:
+    """The first multiple of `tol` at or above `sigma` (as written to 12 digits) whose epsilon meets the target."""
+    sigma = float(f"{math.ceil(sigma / tol) * tol:.12g}")
     while eps(sigma) > target_epsilon:
-        sigma = min(sigma + tol / 2, hi)
+        sigma = float(f"{sigma + tol:.12g}")
     return sigma
 
 

@@ -76,10 +76,17 @@ telling different survivors different dropped sets; the client-side rules
 above make it impossible without such lies. The honest server never holds a
 dropped client's vector: a late reply is refused (`LateReplyError`), and a
 vector that arrives but cannot be used aborts the round (`refuse`) instead of
-dropping its sender. The residual risk is the transport: in Flower's
-deployment runtime a reply that misses the timeout is still stored by the
-SuperLink, where whoever runs it could read it and, after the reveals,
-unmask it. Double masking would close that, at extra round trips per round.
+dropping its sender. The transport: in Flower's runtime a reply that misses
+the timeout would still be stored by the SuperLink, where whoever runs it could
+read it and, after the reveals, unmask it. The server's grid therefore gives
+each masked round's instructions the round timeout as their TTL
+(`server/secagg_grid.py`): the SuperLink neither hands out an expired
+instruction nor stores a reply to one, and the server's last pull comes at the
+deadline (`poll-interval` > 0, the default), so every reply stored in time is
+summed. What remains is clock skew
+between the ServerApp's and the SuperLink's hosts (the TTL counts from the
+ServerApp's clock), and a SuperLink operator who patches Flower to keep expired
+replies; double masking would close both, at extra round trips per round.
 Public keys are relayed without a PKI (see `keys.py`).
 """
 
@@ -317,26 +324,11 @@ class SecAggClient:
         return self._gen
 
     # -- a round ----------------------------------------------------------
-    def masked_update(
-        self,
-        round: int,
-        selected: Any,
-        vector: Any,
-        weight: float = 1.0,
-        metrics: Mapping[str, float] | None = None,
-        *,
-        clip: bool = False,
-        layout: str = "",
-    ) -> MaskedUpdate:
-        """Encode [weight * vector, weight, metrics], add this round's pairwise masks, tag it.
+    def check_round(self, round: int, selected: Any) -> tuple[int, tuple[int, ...]]:
+        """(round, sorted selected) if this client may mask for them; else RefusedError / NotEnrolledError.
 
-        `vector` is a flat real array (the model update), `weight` >= 0 (e.g.
-        the number of examples), `metrics` a {name: value} dict whose values the
-        server learns only as sums, `layout` the caller's description of what
-        the vector's entries mean (array names and shapes), which the tag
-        covers so that nobody on the way can make the server misread them. A value outside the codec's clip bound
-        raises `CodecRangeError` naming it unless `clip=True`. Raises
-        `RefusedError` for an unsafe request (see module docstring).
+        `masked_update` runs it; a caller runs it first, before the local update, so that an
+        announcement it will refuse costs no training and no privacy budget.
         """
         if not self.enrolled:
             raise NotEnrolledError("masked_update before on_directory")
@@ -361,6 +353,30 @@ class SecAggClient:
         unknown = [j for j in sel if j != self.node_id and j not in self._seeds]
         if unknown:
             raise NotEnrolledError(f"no pairwise seed with selected nodes {unknown}: re-run enrollment")
+        return round_, sel
+
+    def masked_update(
+        self,
+        round: int,
+        selected: Any,
+        vector: Any,
+        weight: float = 1.0,
+        metrics: Mapping[str, float] | None = None,
+        *,
+        clip: bool = False,
+        layout: str = "",
+    ) -> MaskedUpdate:
+        """Encode [weight * vector, weight, metrics], add this round's pairwise masks, tag it.
+
+        `vector` is a flat real array (the model update), `weight` >= 0 (e.g.
+        the number of examples), `metrics` a {name: value} dict whose values the
+        server learns only as sums, `layout` the caller's description of what
+        the vector's entries mean (array names and shapes), which the tag
+        covers so that nobody on the way can make the server misread them. A value outside the codec's clip bound
+        raises `CodecRangeError` naming it unless `clip=True`. Raises
+        `RefusedError` for an unsafe request (see module docstring).
+        """
+        round_, sel = self.check_round(round, selected)
         v = _check_vector(vector)
         w = _check_weight(weight)
         metrics = dict(metrics or {})
