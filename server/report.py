@@ -463,6 +463,11 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
     return out
 
 
+def results_by_cell(suite: Suite, out_dir: Path) -> dict[tuple[str, str], CellResult]:
+    """(row, column) -> the cell's finished runs under `out_dir`/<suite name> (privfed repro --out)."""
+    return {(r.cell.row, r.cell.column): r for r in collect(suite, Path(out_dir) / suite.name)}
+
+
 # --- rendering -----------------------------------------------------------------
 def _fmt(value: float | None, digits: int) -> str:
     return "" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"

@@ -22,7 +22,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import validate  # noqa: E402
 from common.privacy.ali import iteration_budget  # noqa: E402
-from server.report import collect, load_suite  # noqa: E402
+from server.report import load_suite, results_by_cell  # noqa: E402
 
 ALI_ROW = "ALI-DPFL"
 PAPER_TOLERANCE = 1.5  # points, ali-table2 only
@@ -42,7 +42,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "repro", help="privfed repro --out")
     args = parser.parse_args()
     suite = load_suite(args.suite)
-    results = {(r.cell.row, r.cell.column): r for r in collect(suite, args.out / suite.name)}
+    results = results_by_cell(suite, args.out)
     against_paper = suite.name == "ali-table2"
 
     best_holds = best_checked = near_paper = paper_checked = 0

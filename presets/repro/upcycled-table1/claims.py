@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from server.report import collect, load_suite  # noqa: E402
+from server.report import load_suite, results_by_cell  # noqa: E402
 
 PAPER_TOLERANCE = 2.0  # points, for vanilla FedAvg and FedProx
 CHECKED_AGAINST_PAPER = ("FedAvg", "FedProx")
@@ -36,7 +36,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "results" / "repro", help="privfed repro --out")
     args = parser.parse_args()
     suite = load_suite(args.suite)
-    results = {(r.cell.row, r.cell.column): r for r in collect(suite, args.out / suite.name)}
+    results = results_by_cell(suite, args.out)
     bases = [row for row in suite.rows if not row.startswith("Upc-")]
 
     holds, pairs, missing = 0, 0, 0
