@@ -130,6 +130,20 @@ def directory_digest(directory: Directory) -> bytes:
     return h.digest()
 
 
+def announcement_digest(cfg: Mapping[str, Any]) -> bytes:
+    """SHA-256 of what the server announces to every selected node alike (run, round, selected set, weight
+    scale, unit-weight records, directory digest). The round's masks are bound to it, so they cancel only
+    between nodes told the same: a server that tells one node another weight scale decodes noise."""
+    h = hashlib.sha256(b"privfed/secagg/v1/announcement")
+    for key in ("run", "round", "selected", "directory-digest"):
+        value = as_bytes(cfg[key], key)
+        h.update(u64b(len(value)) + value)
+    scale = float(cfg["weight-scale"]).hex().encode()
+    units = str(cfg.get("unit-records", "")).encode()
+    h.update(u64b(len(scale)) + scale + u64b(len(units)) + units)
+    return h.digest()
+
+
 def directory_fields(directory: Directory) -> dict[str, bytes]:
     ids = sorted(directory.public_keys)
     return {"server-key": bytes(directory.server_public_key), "directory-nodes": ids_bytes(ids),
@@ -293,7 +307,8 @@ def _save(context: Context, sa: SecAggClient, digest: bytes) -> None:
         "private-key": bytes(s["private_key"]), "server-key": bytes(s["server_public_key"]),
         "peer-ids": ids_bytes(int(i) for i in s["peer_ids"]), "peer-keys": bytes(s["peer_keys"]),
         "last-round": int(s["last_round"]), "round-selected": ids_bytes(int(i) for i in s["round_selected"]),
-        "round-length": int(s["round_length"]), "revealed": bool(s["revealed"]),
+        "round-length": int(s["round_length"]), "round-announcement": bytes(s["round_announcement"]),
+        "revealed": bool(s["revealed"]),
         "revealed-survivors": ids_bytes(int(i) for i in s["revealed_survivors"]),
         "revealed-dropped": ids_bytes(int(i) for i in s["revealed_dropped"]),
         "directory-digest": digest,
@@ -310,6 +325,7 @@ def _load(context: Context, params: SecAggParams) -> tuple[SecAggClient, bytes]:
         "private_key": bytes(c["private-key"]), "server_public_key": bytes(c["server-key"]),
         "peer_ids": ids("peer-ids"), "peer_keys": bytes(c["peer-keys"]), "last_round": int(c["last-round"]),
         "round_selected": ids("round-selected"), "round_length": int(c["round-length"]),
+        "round_announcement": bytes(c["round-announcement"]) if "round-announcement" in c else b"",
         "revealed": bool(c["revealed"]), "revealed_survivors": ids("revealed-survivors"),
         "revealed_dropped": ids("revealed-dropped"),
     }
@@ -370,11 +386,13 @@ def secure_train(rule: Rule, client: Any, msg: Message, context: Context) -> Mes
     selected = ids_from_bytes(cfg["selected"])
     unit = {s for s in str(cfg.get("unit-records", "")).split(",") if s}
     sa.check_round(round_, selected)  # refuse before training: a refused round must spend no privacy budget
+    announcement = announcement_digest(cfg)
     instruction = msg.content
     reply = rule(client, instruction, context.state)
     try:
         vector, weight, metrics, layout = encode_reply(reply, instruction, unit, float(cfg["weight-scale"]))
-        masked = sa.masked_update(round_, selected, vector, weight, metrics, layout=layout)
+        masked = sa.masked_update(round_, selected, vector, weight, metrics, layout=layout,
+                                  announcement=announcement)
     except CodecRangeError:  # its message quotes the offending value: unmasked data, it stays here
         bound = params.codec.clip
         return Message(failure_content(f"a value is outside the secure-aggregation codec range [-{bound:g}, "

@@ -25,7 +25,8 @@ Messages and round trips
   towards the fixed-point step), the records to weight by 1
   instead of by examples, and the directory digest (plus the directory itself
   when needed). Each node replies with one masked vector of uint32/uint64 words
-  instead of its records (`client/secagg.py` for what it encodes). The train
+  instead of its records (`client/secagg.py` for what it encodes), its masks
+  bound to a digest of these announced fields (`announcement_digest`). The train
   messages carry the round timeout as their TTL: a reply that misses it is
   refused by the SuperLink instead of waiting there to be unmasked by the
   reveals (`common/secagg/protocol.py`, threat model).

@@ -103,3 +103,17 @@ def test_unusable_announcement_is_refused_before_training(federation, case):
     with pytest.raises((RefusedError, NotEnrolledError)):
         secure_train(rule, client, train_message(directory, 11, **bad), contexts[11])
     assert len(calls) == 1, "the node trained (and spent privacy budget) for an announcement it then refused"
+
+
+def test_the_announcement_digest_covers_everything_announced_to_all():
+    """The masks are bound to this digest (tests/test_secagg_protocol.py): each field a server could tell
+    nodes differently changes it."""
+    from client.secagg import announcement_digest, ids_bytes, u64b
+
+    base = {"run": u64b(7), "round": u64b(3), "selected": ids_bytes([1, 2, 3]), "weight-scale": 120.0,
+            "unit-records": "control-delta", "directory-digest": b"\x01" * 32}
+    changed = [{"run": u64b(8)}, {"round": u64b(4)}, {"selected": ids_bytes([1, 2])}, {"weight-scale": 1e12},
+               {"unit-records": ""}, {"unit-records": "arrays"}, {"directory-digest": b"\x02" * 32}]
+    digests = {announcement_digest(base)} | {announcement_digest({**base, **c}) for c in changed}
+    assert len(digests) == 1 + len(changed)
+    assert announcement_digest(dict(reversed(list(base.items())))) == announcement_digest(base)  # key order

@@ -133,6 +133,45 @@ def test_one_round_trip_when_nobody_drops():
     assert_matches(server.result(), ups, list(clients), PARAMS["default64"])
 
 
+def test_masks_cancel_only_between_nodes_told_the_same_announcement():
+    """The masks are bound to the announcement digest: with one node told something else (e.g. a weight
+    scale that weighs the others to zero), the sum is noise instead of that node's update."""
+    rng = np.random.default_rng(7)
+    for dropped in ((), None):  # nobody drops; one node drops and the survivors reveal
+        server, clients = federation(5)
+        ups = make_updates(clients, 50, rng)
+        sel = sorted(clients)
+        gone = () if dropped == () else (sel[0],)
+        told = {i: b"A" * 32 for i in sel}
+        server.start_round(1, sel)
+        for i in sel:
+            if i not in gone:
+                server.receive(clients[i].masked_update(1, sel, *ups[i], announcement=told[i]))
+        req = server.declare_dropped()
+        if req is not None:
+            for i in req.survivors:
+                server.receive_reveal(clients[i].reveal_masks(req))
+        survivors = [i for i in sel if i not in gone]
+        assert_matches(server.result(), ups, survivors, PARAMS["default64"])  # the same digest: exact
+
+        server, clients = federation(5)
+        told[sel[-1]] = b"B" * 32
+        server.start_round(1, sel)
+        for i in sel:
+            if i not in gone:
+                server.receive(clients[i].masked_update(1, sel, *ups[i], announcement=told[i]))
+        req = server.declare_dropped()
+        if req is not None:
+            for i in req.survivors:
+                server.receive_reveal(clients[i].reveal_masks(req))
+        try:
+            res = server.result()
+        except (RoundAborted, ProtocolError):
+            continue  # undecodable: also no update learned
+        ws, _, _, _ = plain_sums(ups, survivors)
+        assert np.abs(res.weighted_sum - ws).max() > 1e6  # uniform words: nothing of the update survives
+
+
 def test_subset_selection_and_small_ids():
     params = SecAggParams(CodecParams(), min_survivors=2)
     server = SecAggServer(0, params)

@@ -53,11 +53,13 @@ def add_pairwise_masks(
     *,
     generator: MaskGenerator | None = None,
     sign: int = 1,
+    context: bytes = b"",
 ) -> np.ndarray:
     """In place: words += sign * sum_{j in peers} sign(my_id, j) * G(seeds[j], round_)  mod 2^bits.
 
     `peers` must not contain `my_id`; every peer needs a seed (KeyError
-    otherwise). `sign=-1` removes masks that were added. Returns `words`.
+    otherwise). `sign=-1` removes masks that were added. `context`: the round's
+    announcement digest, which the masks are bound to (`prf.round_key`). Returns `words`.
     """
     dtype = word_dtype(bits)
     if words.dtype != dtype or words.ndim != 1:
@@ -67,7 +69,7 @@ def add_pairwise_masks(
     if generator is None or generator.bits != bits:
         generator = MaskGenerator(bits)
     terms = [(seeds[peer], mask_sign(my_id, peer) * sign) for peer in sorted(peers)]
-    generator.accumulate(words, round_, terms)
+    generator.accumulate(words, round_, terms, context)
     return reduce_mod(words, bits)
 
 
@@ -80,7 +82,8 @@ def pairwise_mask_sum(
     bits: int,
     *,
     generator: MaskGenerator | None = None,
+    context: bytes = b"",
 ) -> np.ndarray:
     """sum_{j in peers} sign(my_id, j) * G(seeds[j], round_) mod 2^bits, as a fresh array."""
     out = np.zeros(length, dtype=word_dtype(bits))
-    return add_pairwise_masks(out, my_id, seeds, peers, round_, bits, generator=generator)
+    return add_pairwise_masks(out, my_id, seeds, peers, round_, bits, generator=generator, context=context)

@@ -14,6 +14,11 @@
   2^32 blocks (64 GiB) without the counter ever reaching the round field:
   distinct (tag, round) never share a keystream block. Rounds are unsigned
   64-bit ints; the run lives in the key.
+* Context (optional): a digest of the round's announcement. With one, the AES
+  key is HMAC-SHA256(seed, "PFM1-context" || context) instead of the seed, so
+  two nodes whose announcements differ draw unrelated masks, and their masks no
+  longer cancel: a server that tells nodes different things (a different weight
+  scale, to weigh every other node to zero) decodes noise, not an update.
 * Word size w: 4 bytes (uint32) when bits <= 32, else 8 bytes (uint64). The
   keystream bytes are viewed as little-endian words (explicit dtype '<u4' /
   '<u8', so the output is the same on every platform) and reduced mod 2^bits
@@ -37,11 +42,12 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
+from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 from .keys import SEED_BYTES, check_u64
 
-__all__ = ["DOMAIN_TAG", "MAX_WORDS_BYTES", "word_dtype", "nonce", "MaskGenerator", "mask_vector"]
+__all__ = ["DOMAIN_TAG", "MAX_WORDS_BYTES", "word_dtype", "nonce", "round_key", "MaskGenerator", "mask_vector"]
 
 DOMAIN_TAG = b"PFM1"
 _BLOCK = 16
@@ -60,6 +66,15 @@ def nonce(round_: int) -> bytes:
     """The CTR initial counter block for `round_`: tag || u64(round) || u32(0)."""
     r = check_u64("round", round_)
     return DOMAIN_TAG + r.to_bytes(8, "big") + b"\x00\x00\x00\x00"
+
+
+def round_key(seed: bytes, context: bytes = b"") -> bytes:
+    """The AES key of a pair's masks: the seed itself, or bound to the round's announcement `context`."""
+    if not context:
+        return bytes(seed)
+    mac = hmac.HMAC(bytes(seed), hashes.SHA256())
+    mac.update(DOMAIN_TAG + b"-context" + bytes(context))
+    return mac.finalize()
 
 
 class MaskGenerator:
@@ -84,8 +99,10 @@ class MaskGenerator:
         self._zeros = np.zeros(_CHUNK_BYTES, dtype=np.uint8)
         self._buf = np.empty(_CHUNK_BYTES // self.dtype.itemsize, dtype=self.dtype)
 
-    def accumulate(self, words: np.ndarray, round_: int, terms: Iterable[tuple[bytes, int]]) -> np.ndarray:
-        """In place: words += sum sign * G(seed, round_) mod 2^w, w the word size; returns words."""
+    def accumulate(self, words: np.ndarray, round_: int, terms: Iterable[tuple[bytes, int]],
+                   context: bytes = b"") -> np.ndarray:
+        """In place: words += sum sign * G(seed, round_) mod 2^w, w the word size; returns words.
+        `context`: the round's announcement digest (module docstring)."""
         if words.dtype != self.dtype or words.ndim != 1 or not words.flags.c_contiguous:
             raise TypeError(f"words must be a contiguous 1-D {self.dtype} array")
         n = nonce(round_)
@@ -95,7 +112,7 @@ class MaskGenerator:
                 raise ValueError(f"seed must be {SEED_BYTES} bytes, got {len(seed)}")
             if sign not in (1, -1):
                 raise ValueError(f"sign must be +1 or -1, got {sign!r}")
-            encs.append((Cipher(algorithms.AES(bytes(seed)), modes.CTR(n)).encryptor(), sign))
+            encs.append((Cipher(algorithms.AES(round_key(seed, context)), modes.CTR(n)).encryptor(), sign))
         length = words.shape[0]
         if length * self.dtype.itemsize > MAX_WORDS_BYTES:
             raise ValueError(f"length {length} needs more than 2^32 AES blocks per round")
@@ -115,8 +132,8 @@ class MaskGenerator:
         return words
 
 
-def mask_vector(seed: bytes, round_: int, length: int, bits: int) -> np.ndarray:
-    """G(seed, round_): a fresh array of `length` words uniform in [0, 2^bits).
+def mask_vector(seed: bytes, round_: int, length: int, bits: int, context: bytes = b"") -> np.ndarray:
+    """G(seed, round_) (bound to `context` if given): a fresh array of `length` words uniform in [0, 2^bits).
 
     dtype uint32 if bits <= 32 else uint64 (little-endian).
     """
@@ -124,7 +141,7 @@ def mask_vector(seed: bytes, round_: int, length: int, bits: int) -> np.ndarray:
         raise ValueError(f"length must be a non-negative int, got {length!r}")
     dtype = word_dtype(bits)
     out = np.zeros(int(length), dtype=dtype)
-    MaskGenerator(bits).accumulate(out, round_, [(seed, 1)])
+    MaskGenerator(bits).accumulate(out, round_, [(seed, 1)], context)
     full = dtype.itemsize * 8
     if bits < full:
         np.bitwise_and(out, dtype.type((1 << bits) - 1), out=out)

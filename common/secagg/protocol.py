@@ -73,7 +73,11 @@ and secret sharing (Bonawitz et al.'s double masking, which costs extra round
 trips every round) an actively malicious server can still learn x_j by
 *falsely* declaring a client j dropped after receiving its vector, or by
 telling different survivors different dropped sets; the client-side rules
-above make it impossible without such lies. The honest server never holds a
+above make it impossible without such lies. Telling nodes different things
+about the round itself (another weight scale, to weigh every other node to
+zero; other unit-weight records; another selected set) gains nothing: the
+masks are bound to a digest of the announcement (`masked_update(...,
+announcement=)`, `prf.round_key`) and cancel only between nodes told the same. The honest server never holds a
 dropped client's vector: a late reply is refused (`LateReplyError`), and a
 vector that arrives but cannot be used aborts the round (`refuse`) instead of
 dropping its sender. The transport: in Flower's runtime a reply that misses
@@ -244,6 +248,7 @@ class SecAggClient:
         self._last_round: int | None = None
         self._round_selected: tuple[int, ...] = ()
         self._round_length = 0
+        self._round_announcement = b""  # the digest the round's masks are bound to (prf.round_key)
         self._revealed: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._gen: MaskGenerator | None = None
 
@@ -365,6 +370,7 @@ class SecAggClient:
         *,
         clip: bool = False,
         layout: str = "",
+        announcement: bytes = b"",
     ) -> MaskedUpdate:
         """Encode [weight * vector, weight, metrics], add this round's pairwise masks, tag it.
 
@@ -372,7 +378,9 @@ class SecAggClient:
         the number of examples), `metrics` a {name: value} dict whose values the
         server learns only as sums, `layout` the caller's description of what
         the vector's entries mean (array names and shapes), which the tag
-        covers so that nobody on the way can make the server misread them. A value outside the codec's clip bound
+        covers so that nobody on the way can make the server misread them; `announcement`, a digest of
+        everything the server told this node about the round, which the masks are bound to (they cancel
+        only between nodes told the same). A value outside the codec's clip bound
         raises `CodecRangeError` naming it unless `clip=True`. Raises
         `RefusedError` for an unsafe request (see module docstring).
         """
@@ -413,7 +421,7 @@ class SecAggClient:
         peers = [j for j in sel if j != self.node_id]
         add_pairwise_masks(
             words, self.node_id, self._seeds, peers, round_, self.params.codec.mod_bits,
-            generator=self._generator(),
+            generator=self._generator(), context=announcement,
         )
         ctx = round_context(self._fp, self.run_id, round_, {j: self._key_of(j) for j in sel})
         msg = MaskedUpdate(self.run_id, round_, self.node_id, ctx, keys, words, b"", layout)
@@ -421,6 +429,7 @@ class SecAggClient:
         self._last_round = round_
         self._round_selected = sel
         self._round_length = length
+        self._round_announcement = bytes(announcement)
         self._revealed = None
         return dataclasses.replace(msg, tag=tag)
 
@@ -465,7 +474,7 @@ class SecAggClient:
             )
         masks = pairwise_mask_sum(
             self.node_id, self._seeds, dropped, request.round, self._round_length,
-            self.params.codec.mod_bits, generator=self._generator(),
+            self.params.codec.mod_bits, generator=self._generator(), context=self._round_announcement,
         )
         msg = MaskReveal(self.run_id, request.round, self.node_id, dropped, masks, b"")
         tag = compute_tag(self._mac_key, KIND_REVEAL, request.round, msg.header_bytes(), masks)
@@ -487,6 +496,7 @@ class SecAggClient:
             "last_round": -1 if self._last_round is None else self._last_round,
             "round_selected": np.array(self._round_selected, dtype=np.uint64),
             "round_length": self._round_length,
+            "round_announcement": self._round_announcement,
             "revealed": self._revealed is not None,
             "revealed_survivors": np.array(self._revealed[0] if self._revealed else (), dtype=np.uint64),
             "revealed_dropped": np.array(self._revealed[1] if self._revealed else (), dtype=np.uint64),
@@ -512,6 +522,7 @@ class SecAggClient:
             c._last_round = last
             c._round_selected = tuple(int(i) for i in np.asarray(state["round_selected"], dtype=np.uint64))
             c._round_length = int(state["round_length"])
+            c._round_announcement = bytes(state.get("round_announcement", b""))
             if bool(state["revealed"]):
                 c._revealed = (
                     tuple(int(i) for i in np.asarray(state["revealed_survivors"], dtype=np.uint64)),
