@@ -17,7 +17,10 @@ and per client (one record of this client's local dataset D_i):
 
 - `add-remove`: D' = D with one record added or removed. Poisson-sampled DP-SGD
   is accounted under this relation (Mironov et al. 2019; Opacus, dp-accounting).
-  The Upcycled-FL output-perturbation sensitivity tau/|D_i| of the paper's
+  Its step divides by the expected batch q|D_i|, and each client reports |D_i|
+  (enrollment, `num-examples`) for FedAvg's weights: |D_i| is treated as public,
+  as in the federated DP literature; under add/remove its exact release is not
+  itself covered by the epsilon. The Upcycled-FL output-perturbation sensitivity tau/|D_i| of the paper's
   Theorem 6.2 is read under it too, with |D_i| public (see
   `output_perturbation_release`).
 - `replace-one`: D' = D with one record replaced (Hu et al. 2021, Def. 1, whose
