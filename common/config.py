@@ -403,7 +403,8 @@ def _check_upcycled_private(v: Mapping[str, Scalar]) -> None:
 # secure aggregation the server learns only those sums (server/secagg_grid.py).
 # Refused: anything that needs individual replies (FedLAP's synthetic sets,
 # robust aggregators such as the median or Krum).
-SECAGG_STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu")
+SECAGG_STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu",
+                     "ali-dpfl")
 HU_DEVICES, HU_DEVICE_SIZE = 16, 3052
 
 
@@ -431,6 +432,9 @@ def _check_secure_aggregation(v: Mapping[str, Scalar]) -> None:
             f"server sees only the weighted sum of the clients' replies, and {v['strategy']!r} needs the "
             f"individual replies. Strategies that work with it: {', '.join(SECAGG_STRATEGIES)}"
         )
+    if v["strategy"] == "ali-dpfl" and v["ali-mu-estimator"] == "paper":
+        raise ConfigError("secure-aggregation = true cannot run ali-mu-estimator = 'paper': it reads each client's "
+                          "model and gradient difference; the default 'dp-secant' needs only the aggregate")
     per_round = max(math.floor(v["fraction-train"] * v["num-clients"] + 1e-9), 1)
     if per_round < v["secagg-min-survivors"]:
         raise ConfigError(

@@ -72,3 +72,21 @@ def test_paper_estimator_reports_true_gradients_and_warns(tmp_path, caplog):
     assert all(r["ali_mu_raw"] is not None and r["ali_mu_raw"] > 0 for r in rows)
     assert sum(r["ali_tau"] for r in rows) == 9
     assert all(ledger.steps() == 9 for ledger in ledgers)  # the leak adds no ledger entry: it is unaccounted
+
+
+def test_secure_aggregation_runs_the_same_schedule_and_budget(tmp_path):
+    """ALI-DPFL's aggregate is a weighted sum and its default mu estimator reads only that aggregate, so it
+    runs under secure aggregation: the same tau schedule, mu estimates and model as in plaintext (up to the
+    fixed-point quantisation), and the same ledgers."""
+    extra = {"eval-every": 1, "secagg-min-survivors": 3, "dp-noise-seed": "run-seed"}  # the same noise in both
+    plain, plain_ledgers = run(ali_config(tmp_path / "plain", steps_budget=13, rounds=4, **extra), run_id=111)
+    secure, secure_ledgers = run(ali_config(tmp_path / "secure", steps_budget=13, rounds=4,
+                                            **{**extra, "secure-aggregation": True}), run_id=112)
+    assert [r["ali_tau"] for r in secure] == [r["ali_tau"] for r in plain]
+    for a, b in zip(plain, secure, strict=True):
+        assert b["accuracy"] == pytest.approx(a["accuracy"], abs=2e-3)
+        if a["ali_mu_raw"] is not None:
+            assert b["ali_mu_raw"] == pytest.approx(a["ali_mu_raw"], rel=1e-3)
+    assert [lg.steps() for lg in secure_ledgers] == [lg.steps() for lg in plain_ledgers]
+    with pytest.raises(ConfigError, match="ali-mu-estimator"):
+        ali_config(tmp_path, steps_budget=13, rounds=4, **{"secure-aggregation": True, "ali-mu-estimator": "paper"})

@@ -30,7 +30,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from client.privacy import BUDGET_EXHAUSTED
 from common.privacy import ali
-from common.records import ARRAYS, METRICS, NUM_EXAMPLES, arrays_to_vector
+from common.records import ARRAYS, METRICS, arrays_to_vector
 from server.ali_mu import GRAD_DIFF_METRIC, PAPER_WARNING, SecantMu, paper_mu
 from server.roster import Roster
 from server.strategies.fedavg import FedAvg
@@ -141,7 +141,10 @@ class AliDpfl(FedAvg):
         return arrays, metrics
 
     def _estimate_mu(self, arrays: ArrayRecord, good: list[Message], grad_diffs: dict[int, float]) -> float | None:
-        sizes = {self._partition_of[m.metadata.src_node_id]: float(m.content[METRICS][NUM_EXAMPLES]) for m in good}
+        # the enrolled sizes, not the replies' counts: under secure aggregation each reply stands for the
+        # survivors' sum and says num-examples = 1, while the aggregate is still weighted by |D_i|
+        sizes = {p: float(self.roster.num_examples[p]) for p in {self._partition_of[m.metadata.src_node_id]
+                                                                 for m in good}}
         total = sum(sizes.values())
         weights = {p: n / total for p, n in sizes.items()}
         if self.estimator == "paper":
