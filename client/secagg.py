@@ -386,11 +386,14 @@ def secure_train(rule: Rule, client: Any, msg: Message, context: Context) -> Mes
     selected = ids_from_bytes(cfg["selected"])
     unit = {s for s in str(cfg.get("unit-records", "")).split(",") if s}
     sa.check_round(round_, selected)  # refuse before training: a refused round must spend no privacy budget
+    scale = float(cfg["weight-scale"])
+    if not (math.isfinite(scale) and scale > 0):  # encode_reply would refuse it only after training
+        raise SecureAggregationRefused(f"the announced weight scale {scale!r} is not a finite positive number")
     announcement = announcement_digest(cfg)
     instruction = msg.content
     reply = rule(client, instruction, context.state)
     try:
-        vector, weight, metrics, layout = encode_reply(reply, instruction, unit, float(cfg["weight-scale"]))
+        vector, weight, metrics, layout = encode_reply(reply, instruction, unit, scale)
         masked = sa.masked_update(round_, selected, vector, weight, metrics, layout=layout,
                                   announcement=announcement)
     except CodecRangeError:  # its message quotes the offending value: unmasked data, it stays here

@@ -74,10 +74,14 @@ trips every round) an actively malicious server can still learn x_j by
 *falsely* declaring a client j dropped after receiving its vector, or by
 telling different survivors different dropped sets; the client-side rules
 above make it impossible without such lies. Telling nodes different things
-about the round itself (another weight scale, to weigh every other node to
+in the round announcement (another weight scale, to weigh every other node to
 zero; other unit-weight records; another selected set) gains nothing: the
 masks are bound to a digest of the announcement (`masked_update(...,
-announcement=)`, `prf.round_key`) and cancel only between nodes told the same. The honest server never holds a
+announcement=)`, `prf.round_key`) and cancel only between nodes told the same.
+The per-node training instructions (local steps, learning rate, the model
+sent) are not bound, as strategies legitimately differ per node there
+(stragglers); an actively malicious server could use them to shrink the
+other nodes' contributions. The honest server never holds a
 dropped client's vector: a late reply is refused (`LateReplyError`), and a
 vector that arrives but cannot be used aborts the round (`refuse`) instead of
 dropping its sender. The transport: in Flower's runtime a reply that misses
@@ -85,9 +89,10 @@ the timeout would still be stored by the SuperLink, where whoever runs it could
 read it and, after the reveals, unmask it. The server's grid therefore gives
 each masked round's instructions the round timeout as their TTL
 (`server/secagg_grid.py`): the SuperLink neither hands out an expired
-instruction nor stores a reply to one, and the server's last pull comes at the
-deadline (`poll-interval` > 0, the default), so every reply stored in time is
-summed. What remains is clock skew
+instruction nor stores a reply to one, and the server pulls until the
+deadline (`poll-interval` > 0, the default). A reply stored in the last poll
+interval before expiry is deleted with its expired instruction, so its sender
+counts as dropped: the server never sees that vector. What remains is clock skew
 between the ServerApp's and the SuperLink's hosts (the TTL counts from the
 ServerApp's clock), and a SuperLink operator who patches Flower to keep expired
 replies; double masking would close both, at extra round trips per round.
