@@ -143,8 +143,8 @@ class AliDpfl(FedAvg):
     def _estimate_mu(self, arrays: ArrayRecord, good: list[Message], grad_diffs: dict[int, float]) -> float | None:
         # the enrolled sizes, not the replies' counts: under secure aggregation each reply stands for the
         # survivors' sum and says num-examples = 1, while the aggregate is still weighted by |D_i|
-        sizes = {p: float(self.roster.num_examples[p]) for p in {self._partition_of[m.metadata.src_node_id]
-                                                                 for m in good}}
+        partitions = [self._partition_of[m.metadata.src_node_id] for m in good]  # reply order, as before
+        sizes = {p: float(self.roster.num_examples[p]) for p in partitions}
         total = sum(sizes.values())
         weights = {p: n / total for p, n in sizes.items()}
         if self.estimator == "paper":
