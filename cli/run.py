@@ -144,18 +144,14 @@ def preflight_data(config) -> None:
 def claim_results(runs: list[dict[str, Any]], config, per_seed: bool) -> list[dict[str, Any]]:
     """`runs` with results folders of their own: an earlier run's results are never overwritten.
     `per_seed`: runs of --seeds, named <name>-s<seed>."""
-    from common.config import ConfigError
-    from server.results import default_run_name, holds_run
+    from server.results import default_run_name, refuse_taken
 
     if config["checkpoint"]:  # the same run-name resumes that run (the runner refuses an empty one)
         return runs
     root = Path(str(config["results-dir"])).expanduser().resolve()
     if config["run-name"]:
         for run in runs:
-            folder = root / str(run["run-name"])
-            if holds_run(folder):
-                raise ConfigError(f"results folder {folder} already holds a run; choose another run-name "
-                                  f"or remove that folder")
+            refuse_taken(root / str(run["run-name"]))
         return runs
     stem = default_run_name(config)  # a timestamp: runs started in the same second share it
     for base in itertools.chain([stem], (f"{stem}-{i}" for i in itertools.count(2))):

@@ -34,6 +34,15 @@ def holds_run(run_dir: Path) -> bool:
     return (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists()
 
 
+def refuse_taken(run_dir: Path) -> None:
+    """ConfigError if `run_dir` holds a run (`privfed run` checks every run up front, the ServerApp again)."""
+    if holds_run(run_dir):
+        from common.config import ConfigError
+
+        raise ConfigError(f"results folder {run_dir} already holds a run; choose another run-name or remove "
+                          "that folder")
+
+
 def _clean(value: Any) -> Any:
     """JSON has no NaN/inf: write them as null."""
     if isinstance(value, float) and not math.isfinite(value):

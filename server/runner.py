@@ -11,7 +11,7 @@ import torch
 from flwr.serverapp import Grid
 from rich.console import Console
 
-from common.config import ConfigError, RunConfig
+from common.config import RunConfig
 from common.data import load_test_set, load_federation
 from common.evaluation import evaluate, pick_device
 from common.models import build_model, resolve_model_name
@@ -24,7 +24,7 @@ from server.report import epsilon_note
 from server.metered_grid import MeteredGrid
 from server.polling_grid import with_polling
 from server.privacy_mirror import PrivacyMirror
-from server.results import ResultsWriter, default_run_name, holds_run, package_versions
+from server.results import ResultsWriter, default_run_name, package_versions, refuse_taken
 from server.roster import enroll
 from server.strategies.registry import build_strategy
 
@@ -105,9 +105,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     checkpointer = Checkpointer(config, log)  # deployment: checkpoint = true needs a run-name
     run_dir = Path(str(config["results-dir"])).expanduser().resolve() / (
         str(config["run-name"]) or default_run_name(config))
-    if holds_run(run_dir) and not checkpointer.enabled:  # with checkpoints, the run-name names the run to resume
-        raise ConfigError(f"results folder {run_dir} already holds a run; choose another run-name or remove "
-                          "that folder")
+    if not checkpointer.enabled:  # with checkpoints, the run-name names the run to resume
+        refuse_taken(run_dir)
     metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
     roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log,
                     sizes=[client.num_train for client in load_federation(config).clients])  # cached: loaded anyway
