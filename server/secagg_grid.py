@@ -36,7 +36,10 @@ Messages and round trips
   reason. If at least `secagg-min-survivors` remain, ONE more round trip
   (`query.secagg_reveal`) asks every survivor for its summed masks with the
   dropped nodes; otherwise, or if a survivor does not reveal, the round is
-  aborted: the strategy gets no reply and the model stays unchanged.
+  aborted: the strategy gets no reply and the model stays unchanged. A
+  survivor that withholds its reveal while others reveal is left out of later
+  rounds (else one such node aborts every round with a dropout); when no
+  survivor reveals, nobody is blamed.
 * A vector that arrives but cannot be summed (malformed, fails
   authentication, a layout or metric names other than the round's most
   common ones) is never treated as a dropout: the server holds it, and the
@@ -177,7 +180,7 @@ class SecureAggregationGrid(DelegatingGrid):
         self.enrollments = 0  # enrollment round trips so far
         self.report = RoundReport()
         self._has_directory: set[int] = set()
-        self.excluded: dict[int, str] = {}  # node -> why: its vector was unusable (see _exclude)
+        self.excluded: dict[int, str] = {}  # node -> why it is left out (_exclude, _reveal)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
@@ -458,7 +461,17 @@ class SecureAggregationGrid(DelegatingGrid):
                 self.server.receive_reveal(rev)
             except Exception as exc:  # a ProtocolError, or anything malformed: never crash on one reply
                 self.log(f"secure aggregation round {t}: bad mask reveal from node {node}: {_short(str(exc))}")
+        silent = sorted(self.server.pending())
         self.server.declare_reveal_timeout()
+        # A survivor that withholds its reveal while others reveal would abort every round that has a
+        # dropout; leave it out of later rounds. If nobody revealed, blame the network, not the nodes.
+        if silent and len(silent) < len(request.survivors):
+            for node in silent:
+                report.problems[node] = "no valid mask reveal"
+                self._has_directory.discard(node)
+                self.excluded[node] = f"it did not reveal its masks with the dropped nodes in round {t}"
+                self.log(f"secure aggregation round {t}: node {node} did not reveal while other survivors did; "
+                         "it is left out of later rounds")
 
     def _synthetic_replies(self, result, layout: dict[str, Any], refs: dict[str, ArrayRecord],
                            accepted: dict[int, Message]) -> list[Message]:

@@ -345,6 +345,48 @@ def test_one_hostile_reply_never_crashes_the_server_or_unmasks_anyone(mode):
         assert len(replies) == 3 and report.survivors == tuple(sorted(set(grid.get_node_ids()) - {bad}))
 
 
+class WithholdReveals(Recorder):
+    """Round 1: the first node's train reply is lost, and the reveals of the nodes in `silent` are too."""
+
+    def __init__(self, inner, silent: int):
+        super().__init__(inner, drop={1: 0})
+        self.silent = silent
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = list(super().send_and_receive(messages, timeout=timeout))
+        if messages and messages[0].metadata.message_type == "query.secagg_reveal":
+            replies = replies[self.silent:]
+        return replies
+
+
+@pytest.mark.parametrize("silent", [1, 3])
+def test_a_survivor_withholding_its_reveal_is_left_out_unless_nobody_revealed(silent):
+    config = validate({**BASE, "num-rounds": 2, "secure-aggregation": True, "secagg-min-survivors": 2})
+    with InProcessGrid(CLIENT_APP, dict(config), 4) as grid:
+        rec = WithholdReveals(grid, silent)
+        secure = SecureAggregationGrid(rec, config, log=lambda s: None)
+        secure.enroll(10.0)
+        model = model_to_arrays(initial_model(config))
+        nodes = list(grid.get_node_ids())
+
+        def one_round(server_round):
+            msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": server_round})}),
+                            dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+            return list(secure.send_and_receive(msgs, timeout=30)), secure.report
+
+        replies, report = one_round(1)
+        assert replies == [] and "did not reveal" in report.aborted
+        reveals = [r.metadata.src_node_id for r in rec.received if r.metadata.message_type == "query.secagg_reveal"]
+        withheld = set(reveals[:silent])
+        if silent == 3:  # every survivor: the network's fault as likely as theirs, nobody is left out
+            assert secure.excluded == {}
+        else:
+            assert set(secure.excluded) == withheld and "did not reveal" in secure.excluded[reveals[0]]
+        replies, report = one_round(2)
+        assert sorted(report.survivors) == sorted(set(nodes) - set(secure.excluded))
+        assert len(replies) == len(report.survivors) and not report.aborted
+
+
 def test_a_bad_enrollment_is_refused_without_crashing():
     config = validate({**BASE, "num-rounds": 1, "secure-aggregation": True})
 

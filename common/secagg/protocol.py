@@ -41,7 +41,8 @@ Dropouts (one more round trip, only when someone drops)
     6. the server `receive_reveal()`s them and `result()` decodes
        sum_s y_s - sum_s R_s = sum_s x_s. A survivor that does not reveal
        (`declare_reveal_timeout()`) aborts the round: its masks with the
-       dropped nodes cannot be removed otherwise.
+       dropped nodes cannot be removed otherwise (the grid then leaves it out
+       of later rounds if other survivors revealed: server/secagg_grid.py).
 
 Client rules (what a curious or malicious server cannot make a client do)
     * masked_update:
