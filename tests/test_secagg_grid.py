@@ -88,6 +88,13 @@ def model(out: Path) -> dict[str, np.ndarray]:
     return {k: data[k] for k in data.files}
 
 
+def train_round(secure: SecureAggregationGrid, nodes, model: ArrayRecord, server_round: int):
+    """One strategy round through the secure grid: its replies and its report."""
+    msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": server_round})}),
+                    dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
+    return list(secure.send_and_receive(msgs, timeout=30)), secure.report
+
+
 @pytest.fixture(scope="module")
 def plain(tmp_path_factory):
     return run(tmp_path_factory.mktemp("plain"), "plain")
@@ -330,18 +337,12 @@ def test_one_hostile_reply_never_crashes_the_server_or_unmasks_anyone(mode):
         secure = SecureAggregationGrid(rec, config, log=lambda s: None)
         secure.enroll(10.0)
         model = model_to_arrays(initial_model(config))
-
-        def one_round(server_round):
-            msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": server_round})}),
-                            dst_node_id=n, message_type=MessageType.TRAIN) for n in grid.get_node_ids()]
-            return list(secure.send_and_receive(msgs, timeout=30)), secure.report
-
-        replies, report = one_round(1)
+        replies, report = train_round(secure, grid.get_node_ids(), model, 1)
         bad = next(r.metadata.src_node_id for r in rec.received if r.metadata.message_type == MessageType.TRAIN)
         assert replies == [] and report.aborted and list(report.problems) == [bad]  # no model from round 1
         assert bad in secure.excluded
         assert not any(r.metadata.message_type == "query.secagg_reveal" for r in rec.received)  # nobody unmasked
-        replies, report = one_round(2)  # the node is left out; the other three aggregate
+        replies, report = train_round(secure, grid.get_node_ids(), model, 2)  # left out; the other three aggregate
         assert len(replies) == 3 and report.survivors == tuple(sorted(set(grid.get_node_ids()) - {bad}))
 
 
@@ -368,13 +369,7 @@ def test_a_survivor_withholding_its_reveal_is_left_out_unless_nobody_revealed(si
         secure.enroll(10.0)
         model = model_to_arrays(initial_model(config))
         nodes = list(grid.get_node_ids())
-
-        def one_round(server_round):
-            msgs = [Message(RecordDict({"arrays": model, "config": ConfigRecord({"server-round": server_round})}),
-                            dst_node_id=n, message_type=MessageType.TRAIN) for n in nodes]
-            return list(secure.send_and_receive(msgs, timeout=30)), secure.report
-
-        replies, report = one_round(1)
+        replies, report = train_round(secure, nodes, model, 1)
         assert replies == [] and "did not reveal" in report.aborted
         reveals = [r.metadata.src_node_id for r in rec.received if r.metadata.message_type == "query.secagg_reveal"]
         withheld = set(reveals[:silent])
@@ -382,7 +377,7 @@ def test_a_survivor_withholding_its_reveal_is_left_out_unless_nobody_revealed(si
             assert secure.excluded == {}
         else:
             assert set(secure.excluded) == withheld and "did not reveal" in secure.excluded[reveals[0]]
-        replies, report = one_round(2)
+        replies, report = train_round(secure, nodes, model, 2)
         assert sorted(report.survivors) == sorted(set(nodes) - set(secure.excluded))
         assert len(replies) == len(report.survivors) and not report.aborted
 
