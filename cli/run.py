@@ -134,11 +134,21 @@ def absolute_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def preflight_data(config) -> None:
-    """Load the federation and test set now, so a missing file is one clear error before any run."""
+    """Load the federation and test set now, so a missing file is one clear error before any run; and
+    check that the nodes' state directory can be one (else every client fails every round)."""
+    from client.privacy import state_dir
+    from common.config import ConfigError
     from common.data import load_federation, load_test_set
 
-    load_federation(config)
-    load_test_set(config)
+    try:
+        load_federation(config)
+        load_test_set(config)
+    except MemoryError:
+        raise ConfigError(f"dataset {config['dataset']!r} with this config does not fit in memory") from None
+    folder = state_dir(config, {})
+    blocked = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocked is not None and not blocked.is_dir():
+        raise ConfigError(f"state-dir {folder} cannot be a folder: {blocked} is a file")
 
 
 def claim_results(runs: list[dict[str, Any]], config, per_seed: bool) -> list[dict[str, Any]]:

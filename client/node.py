@@ -14,10 +14,10 @@ import functools
 import torch
 from flwr.app import Context
 
-from common.config import RunConfig, validate
+from common.config import RunConfig, resolve_model_name, validate
 from common.data import load_client, load_federation
 from common.evaluation import pick_device
-from common.models import build_model, resolve_model_name
+from common.models import build_model
 
 
 class NodeSetupError(ValueError):

@@ -22,6 +22,8 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 Scalar = bool | int | float | str
+INT64_MAX = 2**63 - 1
+NOISE_MAX = 1e6  # noise parameters: far above any use; dp-accounting's arithmetic overflows near 1e300
 
 
 class ConfigError(ValueError):
@@ -34,8 +36,9 @@ class Key:
     doc: str
     choices: tuple[Scalar, ...] | None = None
     low: float | None = None  # inclusive unless low_open
-    high: float | None = None  # inclusive
+    high: float | None = None  # inclusive unless high_open
     low_open: bool = False
+    high_open: bool = False
 
     @property
     def kind(self) -> type:
@@ -44,9 +47,9 @@ class Key:
     def allowed(self) -> str:
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
-        lo = "(" if self.low_open else "["
+        lo, hi = "(" if self.low_open else "[", ")" if self.high_open else "]"
         if self.low is not None and self.high is not None:
-            return f"a {self.kind.__name__} in {lo}{self.low}, {self.high}]"
+            return f"a {self.kind.__name__} in {lo}{self.low}, {self.high}{hi}"
         if self.low is not None:
             return f"a {self.kind.__name__} {'>' if self.low_open else '>='} {self.low}"
         return f"a {self.kind.__name__}"
@@ -57,6 +60,16 @@ DATASETS = (
     "syn-iid", "syn-0-0", "syn-0.5-0.5", "syn-1-1",  # released Upcycled-FL federations
     "mnist", "fashion-mnist", "cifar10", "adult",
 )
+DEFAULT_MODEL = {  # model = "auto"
+    "synthetic": "logreg", "syn-iid": "logreg", "syn-0-0": "logreg", "syn-0.5-0.5": "logreg", "syn-1-1": "logreg",
+    "mnist": "ali-mnist-cnn", "fashion-mnist": "ali-mnist-cnn", "cifar10": "ali-cifar-cnn", "adult": "adult-mlp",
+}
+
+
+def resolve_model_name(model: str, dataset: str) -> str:
+    return DEFAULT_MODEL[dataset] if model == "auto" else model
+
+
 MODELS = ("auto", "logreg", "logreg-softmax", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "fedavg-cnn",
           "convnet", "adult-mlp", "convnet-w32")  # convnet-w32: FedLAP ConvNet at width 32 (CPU quick profiles)
 STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu",
@@ -84,8 +97,8 @@ SCHEMA: dict[str, Key] = {
     "synthetic-alpha": Key(0.5, "Synthetic(alpha, beta): model heterogeneity", low=0.0),
     "synthetic-beta": Key(0.5, "Synthetic(alpha, beta): data heterogeneity", low=0.0),
     "synthetic-iid": Key(False, "Synthetic(iid): one global model, same feature distribution"),
-    "synthetic-dim": Key(60, "Synthetic feature dimension", low=1),
-    "synthetic-classes": Key(10, "Synthetic number of classes", low=2),
+    "synthetic-dim": Key(60, "Synthetic feature dimension", low=1, high=100_000),
+    "synthetic-classes": Key(10, "Synthetic number of classes", low=2, high=10_000),
     # model and local training
     "model": Key("auto", "model; auto picks the dataset's usual one", choices=MODELS),
     "local-epochs": Key(1, "local epochs per round", low=1),
@@ -143,7 +156,8 @@ SCHEMA: dict[str, Key] = {
     "hu-clip": Key(1.0, "DP-FedAvg (Hu et al.) G: per-sample gradient L2 clipping bound; 0 (only with "
                    "hu-sigma = 0 and target-epsilon = 0): no clipping, the non-private baseline", low=0.0),
     "hu-sigma": Key(0.0, "DP-FedAvg (Hu et al.) sigma: std of the N(0, sigma^2 I) added to the averaged "
-                    "clipped minibatch gradient at every local step; used when target-epsilon = 0 (else calibrated from target-epsilon and target-delta over the drawn participation schedule)", low=0.0),
+                    "clipped minibatch gradient at every local step; used when target-epsilon = 0 (else calibrated from target-epsilon and target-delta over the drawn participation schedule)", low=0.0,
+                    high=NOISE_MAX),
     "hu-accountant": Key("conservative", "DP-FedAvg (Hu et al.) rho per participation: 'conservative' = "
                          "ceil(tau gamma / m) * 2 G^2 / (gamma^2 sigma^2), no secure-aggregation credit; "
                          "'paper' = Thm 1, 2 tau G^2 / (r m gamma sigma^2) with r only under secure "
@@ -189,7 +203,7 @@ SCHEMA: dict[str, Key] = {
                        low_open=True),
     "output-noise-std": Key(1.0, "output perturbation: std sigma of the N(0, sigma^2 I) added after clipping "
                             "(the std, not the variance; the authors' code used sigma^2 as the std)", low=0.0,
-                            low_open=True),
+                            low_open=True, high=NOISE_MAX),
     "output-perturb": Key("model", "output perturbation: clip and noise the model (paper) or the update "
                           "w - w_global", choices=("model", "update")),
     "output-sensitivity": Key("paper", "output perturbation ledger: 'paper' = tau/|D_i| (Thm 6.2, add/remove "
@@ -201,13 +215,13 @@ SCHEMA: dict[str, Key] = {
                         "(logistic loss: 1, with ||x|| <= 1); accounting only", low=0.0, low_open=True),
     "objective-u2": Key(0.25, "objective perturbation, Thm 6.3 constant u2: bound on |l''| of the GLM loss "
                         "(logistic loss: 1/4); accounting only; needs u2 <= 0.5 |D_i| mu", low=0.0),
-    "local-steps": Key(0, "local optimizer steps per round instead of local-epochs (0: use local-epochs); "
-                       "privacy = dpsgd needs it > 0", low=0),
+    "local-steps": Key(0, "DP-SGD steps per round (privacy = dpsgd, which needs it > 0, except FedLAP); every "
+                       "other local rule trains local-epochs and refuses local-steps > 0", low=0),
     "dp-sample-rate": Key(0.01, "DP-SGD Poisson sampling rate q (expected batch q*|D|)", low=0.0, high=1.0,
                           low_open=True),
     "dp-clip": Key(1.0, "DP-SGD per-sample gradient L2 clipping norm C", low=0.0, low_open=True),
     "dp-noise-multiplier": Key(1.0, "DP-SGD noise multiplier sigma (noise std sigma*C on the summed gradient)",
-                               low=0.0),
+                               low=0.0, high=NOISE_MAX),
     "dp-grad-sample-mode": Key("hooks", "DP-SGD clients (privacy = dpsgd): how Opacus gets the clipped "
                                "per-sample gradient sum, the same step either way; 'ghost' (ghost clipping) "
                                "is several times faster for models with large linear layers",
@@ -220,7 +234,8 @@ SCHEMA: dict[str, Key] = {
                          "only against parties that do not know the run config", choices=("secret", "run-seed")),
     "target-epsilon": Key(0.0, "each client's privacy budget: it refuses training that would take its epsilon "
                           "past this (0: no budget; epsilon is still reported)", low=0.0),
-    "target-delta": Key(1e-5, "delta of every epsilon reported and of the budget", low=0.0, high=1.0, low_open=True),
+    "target-delta": Key(1e-5, "delta of every epsilon reported and of the budget", low=0.0, high=1.0, low_open=True,
+                        high_open=True),
     "accountant": Key("rdp", "accountant for budgets and reports (dp-accounting): rdp or pld; ali-eq12 = "
                       "ALI-DPFL's Eq. 12 (RDP, integer orders 2..63,128,256,512, classic conversion)",
                       choices=("rdp", "pld", "ali-eq12")),
@@ -298,11 +313,13 @@ def _check_value(key: str, spec: Key, value: Any) -> Scalar:
         )
     if kind is float and not math.isfinite(value):  # NaN passes every range check below
         raise ConfigError(f"config key {key!r} must be a finite {spec.allowed()[2:]}; got {value!r}")
+    if kind is int and not -INT64_MAX <= value <= INT64_MAX:  # numpy, torch and the wire hold int64
+        raise ConfigError(f"config key {key!r} must be {spec.allowed()} and fit in 64 bits; got {value!r}")
     if spec.choices is not None and value not in spec.choices:
         raise ConfigError(f"config key {key!r} must be {spec.allowed()}; got {value!r}")
     if spec.low is not None and (value <= spec.low if spec.low_open else value < spec.low):
         raise ConfigError(f"config key {key!r} must be {spec.allowed()}; got {value!r}")
-    if spec.high is not None and value > spec.high:
+    if spec.high is not None and (value >= spec.high if spec.high_open else value > spec.high):
         raise ConfigError(f"config key {key!r} must be {spec.allowed()}; got {value!r}")
     return value
 
@@ -322,11 +339,17 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
 DPSGD_STRATEGIES = ("fedavg", "fedavgm", "fedyogi", "fedprox", "ali-dpfl", "fedlap")
 
 
+RUN_NAME_MAX_BYTES = 200
+
+
 def _check_run_name(name: str) -> None:
     """run-name names folders (results, and the nodes' ledgers and snapshots under their state directory):
     one path component, so that no run config can point them elsewhere."""
     if any(c in name for c in "/\\\0") or name in (".", ".."):
         raise ConfigError(f"run-name must be a single folder name (no '/', '\\', or '..'); got {name!r}")
+    if len(name.encode()) > RUN_NAME_MAX_BYTES:  # file names end in suffixes such as "-s<seed>.ckpt.npz"
+        raise ConfigError(f"run-name must be at most {RUN_NAME_MAX_BYTES} bytes (file names are limited to "
+                          f"255); got {len(name.encode())}")
 
 
 def _check_combinations(v: Mapping[str, Scalar]) -> None:
@@ -353,6 +376,25 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] != "fedlap":
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
                           "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")
+    _check_ignored_keys(v)
+    if v["ali-mu-min"] > v["ali-mu-max"]:
+        raise ConfigError(f"ali-mu-min = {v['ali-mu-min']} exceeds ali-mu-max = {v['ali-mu-max']}: every mu "
+                          "estimate would be clamped to ali-mu-max")
+
+
+def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
+    """Refuse a key that the run's local rule would silently ignore: the run would not be the one asked for."""
+    dpsgd_steps = v["privacy"] == "dpsgd" and v["strategy"] != "fedlap"  # the rules that read local-steps
+    if v["local-steps"] > 0 and not dpsgd_steps:
+        raise ConfigError(f"local-steps counts DP-SGD steps (privacy = 'dpsgd', not with FedLAP); this run "
+                          f"(privacy {v['privacy']!r}, strategy {v['strategy']!r}) trains local-epochs: set "
+                          f"local-steps = 0")
+    if v["stragglers"] > 0 and v["privacy"] == "dpsgd":
+        raise ConfigError("stragglers shorten local-epochs, but DP-SGD clients run local-steps (and ALI-DPFL's "
+                          "and FedLAP's their own counts): set stragglers = 0")
+    if v["target-epsilon"] > 0 and v["privacy"] == "none" and v["strategy"] != "dpfedavg-hu":
+        raise ConfigError(f"target-epsilon = {v['target-epsilon']} with privacy = 'none': a run without a "
+                          "mechanism has no budget to enforce; set privacy (e.g. 'dpsgd') or target-epsilon = 0")
 
 
 # accountants and noise ----------------------------------------------------------
@@ -393,9 +435,10 @@ def _check_upcycled_private(v: Mapping[str, Scalar]) -> None:
         raise ConfigError("privacy = 'objective' is accounted by Upcycled-FL Thm 6.3, which needs the "
                           "mu-strongly convex local objective F_i + mu/2 ||w - w_global||^2: set strategy = "
                           f"'fedprox' and prox-mu > 0 (got strategy {v['strategy']!r}, prox-mu {v['prox-mu']})")
-    if v["privacy"] == "objective" and v["model"] == "logreg-softmax":
-        raise ConfigError("privacy = 'objective' is accounted by Upcycled-FL Thm 6.3, which needs a convex GLM "
-                          "loss; model 'logreg-softmax' (softmax, then cross-entropy) is not convex: use 'logreg'")
+    model = resolve_model_name(str(v["model"]), str(v["dataset"]))
+    if v["privacy"] == "objective" and model != "logreg":
+        raise ConfigError(f"privacy = 'objective' is accounted by Upcycled-FL Thm 6.3, which needs a convex GLM "
+                          f"loss; model {model!r} is not convex: use model = 'logreg'")
 
 
 # secure aggregation and DP-FedAvg (Hu et al.) ------------------------------------

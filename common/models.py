@@ -34,18 +34,6 @@ import math
 import torch
 from torch import nn
 
-DEFAULT_MODEL = {
-    "synthetic": "logreg",
-    "syn-iid": "logreg",
-    "syn-0-0": "logreg",
-    "syn-0.5-0.5": "logreg",
-    "syn-1-1": "logreg",
-    "mnist": "ali-mnist-cnn",
-    "fashion-mnist": "ali-mnist-cnn",
-    "cifar10": "ali-cifar-cnn",
-    "adult": "adult-mlp",
-}
-
 
 class MaxPool2x2Stride1(nn.Module):
     """nn.MaxPool2d(2, stride=1), computed as the max of four shifted views:
@@ -169,10 +157,6 @@ def build_model(name: str, input_shape: tuple[int, ...], num_classes: int) -> nn
             return AliCifarCnn(channels, num_classes)
         return ConvNet(channels, num_classes, image_size=height, width=32 if name == "convnet-w32" else 128)
     raise ValueError(f"unknown model {name!r}; known: logreg, logreg-softmax, femnist-mlp, ali-mnist-cnn, ali-cifar-cnn, fedavg-cnn, convnet, convnet-w32, adult-mlp")
-
-
-def resolve_model_name(model: str, dataset: str) -> str:
-    return DEFAULT_MODEL[dataset] if model == "auto" else model
 
 
 def num_parameters(model: nn.Module) -> int:

@@ -313,6 +313,8 @@ def load_suite(name: str, root: Path = REPRO_DIR) -> Suite:
         raise ConfigError(f"{where}: needs at least one [[cell]]")
     for i, raw in enumerate(raw_cells, 1):
         cw = f"{where} cell {i}"
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{cw}: each cell must be a [[cell]] table; got {raw!r}")
         _check_keys(raw, CELL_KEYS, cw)
         if not isinstance(raw.get("row"), str) or not isinstance(raw.get("column"), str):
             raise ConfigError(f"{cw}: 'row' and 'column' (strings) are required")

@@ -4,6 +4,7 @@ simulation or deployment grid, or privfed's in-process grid)."""
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -11,10 +12,10 @@ import torch
 from flwr.serverapp import Grid
 from rich.console import Console
 
-from common.config import RunConfig
+from common.config import RunConfig, resolve_model_name
 from common.data import load_test_set, load_federation
 from common.evaluation import evaluate, pick_device
-from common.models import build_model, resolve_model_name
+from common.models import build_model
 from common.records import arrays_nbytes, load_arrays, model_to_arrays
 from client.privacy import BUDGET_EXHAUSTED
 from common.privacy.plan import planned_entries
@@ -34,6 +35,12 @@ def initial_model(config: RunConfig) -> torch.nn.Module:
     torch.manual_seed(int(config["seed"]))
     name = resolve_model_name(str(config["model"]), str(config["dataset"]))
     return build_model(name, federation.input_shape, federation.num_classes)
+
+
+def spent_text(row: dict, digits: int) -> str:
+    """A round row's epsilon_max; results files hold an unbounded epsilon (inf) as null."""
+    eps = row["epsilon_max"]
+    return f"{eps:.{digits}f}" if eps is not None and math.isfinite(eps) else "inf (no finite bound)"
 
 
 def extra_train_metrics(metrics) -> dict:
@@ -138,6 +145,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     arrays = arrays if resumed is None else resumed
 
     num_rounds = int(config["num-rounds"])
+    updated, failure = resumed is not None, ""  # failure: the first client error other than a budget refusal
     for server_round in range(first_round, num_rounds + 1):
         metered.reset()
         t0 = time.perf_counter()
@@ -151,8 +159,10 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         account_round(planned, strategy, roster, mirror, messages, replies, log,
                       instructed(grid_for_strategy, metered))
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
+        failure = failure or next((r.error.reason for r in replies
+                                   if r.has_error() and r.error.code != BUDGET_EXHAUSTED), "")
         if aggregated is not None:
-            arrays = aggregated
+            arrays, updated = aggregated, True
         elif metered.messages_down:
             log(f"round {server_round}: no usable reply; the global model is unchanged")
         load_arrays(model, arrays)
@@ -181,13 +191,15 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             row.update(clients=len(report.selected), secagg_survivors=len(report.survivors),
                        secagg_round_trips=report.round_trips)
         writer.add_round(row)
-        spent = f"  epsilon {row['epsilon_max']:.3f} (delta {row['delta']:g})" if "epsilon_max" in row else ""
+        spent = f"  epsilon {spent_text(row, 3)} (delta {row['delta']:g})" if "epsilon_max" in row else ""
         console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
                       f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
         checkpointer.save(server_round, arrays, strategy, mirror, writer)
 
     if not writer.rows:
         raise RuntimeError("no round ran: every client refused its first instruction (privacy budget)")
+    if not updated and failure:  # e.g. an unwritable state-dir: the run must not look like a result
+        raise RuntimeError(f"no round updated the model; clients failed: {failure}")
     final = writer.rows[-1]
     summary = {
         "config": dict(config), "versions": package_versions(),
@@ -202,7 +214,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")
     writer.save_model(arrays)
     writer.plot_accuracy(f"{config['strategy']} on {config['dataset']}")
-    spent = f", epsilon {final['epsilon_max']:.4f} at delta {final['delta']:g}" if "epsilon_max" in final else ""
+    spent = f", epsilon {spent_text(final, 4)} at delta {final['delta']:g}" if "epsilon_max" in final else ""
     console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {final['loss']:.4f}{spent}")
     if mirror.enabled:
         console.print(f"privfed: {epsilon_note(summary)}")

@@ -214,6 +214,7 @@ def test_run_with_secure_aggregation_takes_the_credit_and_stays_in_budget(tmp_pa
     config = validate({"strategy": "dpfedavg-hu", "dataset": "synthetic", "num-clients": 4, "fraction-train": 0.75,
                        "num-rounds": 3, "batch-size": 8, "hu-local-steps": 4, "lr": 0.3, "target-epsilon": 4.0, "target-delta": 1e-4,
                        "hu-accountant": "paper", "secure-aggregation": True, "secagg-min-survivors": 3, "seed": 2,
+                       "dp-noise-seed": "run-seed",  # the accuracy check below must not depend on fresh noise
                        "results-dir": str(tmp_path), "run-name": "hu"})
     out = run_inprocess(config)
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -141,14 +141,18 @@ def _leaf_rdp(event: dpa.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
 
 def epsilon(event: dpa.DpEvent, delta: float, *, accountant: str = "rdp", conversion: str = "balle",
             orders: Orders | None = None, pld_discretization: float = PLD_DISCRETIZATION) -> float:
-    """epsilon(delta) of a dp-accounting event by `accountant` ('rdp' | 'pld')."""
+    """epsilon(delta) of a dp-accounting event by `accountant` ('rdp' | 'pld'); inf where dp-accounting's
+    arithmetic overflows (noise multipliers far below 1e-4): no finite bound is claimed there."""
     delta = _check_delta(delta)
-    if accountant == "rdp":
-        o, r = rdp_curve(event, orders)
-        return rdp_to_epsilon(o, r, delta, conversion)[0]
-    if accountant == "pld":
+    if accountant not in ACCOUNTANTS:
+        raise ValueError(f"unknown accountant {accountant!r}; known: {', '.join(ACCOUNTANTS)}")
+    try:
+        if accountant == "rdp":
+            o, r = rdp_curve(event, orders)
+            return rdp_to_epsilon(o, r, delta, conversion)[0]
         return _pld_epsilon(_hashable(event), delta, pld_discretization)
-    raise ValueError(f"unknown accountant {accountant!r}; known: {', '.join(ACCOUNTANTS)}")
+    except ArithmeticError:
+        return math.inf
 
 
 def _hashable(event: dpa.DpEvent):

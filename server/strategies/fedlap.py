@@ -32,11 +32,11 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from client.updates.fedlap import LR_KEY, RADIUS, SET_KEY, round_lr
-from common.config import ConfigError
+from common.config import ConfigError, resolve_model_name
 from common.data import load_federation
 from common.fedlap.augment import augment
 from common.fedlap.trust import param_distance, vote_radius
-from common.models import build_model, resolve_model_name
+from common.models import build_model
 from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
 from common.seeding import torch_generator
 from server.replies import arrays_problem, examples_problem, magnitude_problem, read_payload

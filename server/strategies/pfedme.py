@@ -45,7 +45,7 @@ class PFedMe(RosterSampling, FlowerFedAvg):
             acc, n_test = reported.get("personal-accuracy"), reported.get("test-examples")
             # self-reported, like the accuracy itself; bounded so that int() and the weighted mean stay finite
             if isinstance(acc, (int, float)) and isinstance(n_test, (int, float)) and 0 <= acc <= 1 \
-                    and 0 < n_test < 2**31:
+                    and 1 <= n_test < 2**31 and n_test == int(n_test):
                 self.personal[self._partition_of[msg.metadata.src_node_id]] = (float(acc), int(n_test))
         if metrics is not None and self.personal:
             total = sum(n for _, n in self.personal.values())
