@@ -48,11 +48,12 @@ class Key:
         if self.choices is not None:
             return "one of " + ", ".join(repr(c) for c in self.choices)
         lo, hi = "(" if self.low_open else "[", ")" if self.high_open else "]"
+        kind = {int: "an int", bool: "a bool", float: "a float", str: "a str"}[self.kind]
         if self.low is not None and self.high is not None:
-            return f"a {self.kind.__name__} in {lo}{self.low}, {self.high}{hi}"
+            return f"{kind} in {lo}{self.low}, {self.high}{hi}"
         if self.low is not None:
-            return f"a {self.kind.__name__} {'>' if self.low_open else '>='} {self.low}"
-        return f"a {self.kind.__name__}"
+            return f"{kind} {'>' if self.low_open else '>='} {self.low}"
+        return kind
 
 
 DATASETS = (

@@ -203,12 +203,13 @@ class Suite:
         return Suite(**{**asdict(self), "cells": cells, "seeds": first(self.seeds)})
 
     def matching(self, text: str | None) -> list[Cell]:
-        """Cells whose 'row', 'column' or 'row/column' contains `text` (case-insensitive)."""
+        """Cells whose 'row', 'column', 'row/column' or 'row / column' (the label --list prints) contains
+        `text` (case-insensitive)."""
         if not text:
             return list(self.cells)
         t = text.lower()
-        return [c for c in self.cells
-                if t in c.row.lower() or t in c.column.lower() or t in f"{c.row}/{c.column}".lower()]
+        return [c for c in self.cells if any(t in f"{c.row}{sep}{c.column}".lower() for sep in ("/", " / "))
+                or t in c.row.lower() or t in c.column.lower()]
 
 
 def available_suites(root: Path = REPRO_DIR) -> list[str]:

@@ -23,8 +23,8 @@ def test_unknown_key_names_it_and_suggests():
 
 
 @pytest.mark.parametrize("key,value,pattern", [
-    ("num-rounds", "ten", r"'num-rounds' must be a int >= 1; got 'ten'"),
-    ("num-rounds", 0, r"'num-rounds' must be a int >= 1"),
+    ("num-rounds", "ten", r"'num-rounds' must be an int >= 1; got 'ten'"),
+    ("num-rounds", 0, r"'num-rounds' must be an int >= 1"),
     ("num-rounds", True, r"'num-rounds' must be"),
     ("fraction-train", 0.0, r"'fraction-train' must be a float in \(0.0, 1.0\]"),
     ("fraction-train", 1.5, r"'fraction-train'"),

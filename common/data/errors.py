@@ -28,9 +28,10 @@ class DataFileMissing(DataFileError, FileNotFoundError):
         lines = [
             f"{dataset}: data file {path.name!r} not found in folder {str(path.parent)!r} "
             f"(looked for {str(path)!r}).",
-            "Set the data folder with the `data-dir` run-config key "
-            "(e.g. --run-config 'data-dir=\"/abs/path/to/data\"') or the $PRIVFED_DATA_DIR "
-            "environment variable; the dataset's files go in a sub-folder of it.",
+            "Set the data folder with the `data-dir` run-config key (privfed run: --set "
+            "data-dir=/abs/path/to/data; flwr run: --run-config 'data-dir=\"/abs/path/to/data\"') or "
+            "the $PRIVFED_DATA_DIR environment variable (under flwr run: in the SuperLink's and "
+            "SuperNodes' environment); the dataset's files go in a sub-folder of it.",
         ]
         if hint:
             lines.append(hint)

@@ -35,7 +35,7 @@ FILES = {
 NUM_CLIENTS, NUM_FEATURES, NUM_CLASSES = 30, 20, 2
 ARRAYS = ("x_train", "y_train", "client_train", "x_test", "y_test", "client_test")
 _HINT = ("These files are the Upcycled-FL authors' released Synthetic federations converted to "
-         ".npz (see data/README.md, section 4); they cannot be downloaded by privfed. Copy the "
+         ".npz (the shared data folder's README.md, section 4); they cannot be downloaded by privfed. Copy the "
          "fedprox-synthetic/ folder from a machine that has it, or use dataset = \"synthetic\" "
          "to generate a federation from a seed.")
 
