@@ -15,7 +15,9 @@ Before a round's instructions leave, `<run-name>.inflight.npz` records the
 ledger entries the instructed clients will charge; it is deleted once that
 round is checkpointed. A server that dies in between cannot know whether its
 clients trained (and charged), so the resume counts that round in the mirror
-too: it may over-count one round, never under-count.
+too: it may over-count one round, never under-count. A first round interrupted
+before any checkpoint is counted the same way by the next start, which saves a
+round-0 checkpoint at once so that the count survives a second crash.
 
 A restarted ServerApp is a new Flower run (new run id), so a run is identified
 by privfed's `run-name`, which must be set explicitly for checkpointing. When
@@ -65,15 +67,18 @@ from server.replies import arrays_problem
 
 FORMAT, VERSION = "privfed-checkpoint", 2  # 2: with the lineage token
 # keys that may differ between the interrupted run and the resumed one (not num-rounds: strategies
-# plan with it, e.g. DP-FedAvg's participation schedule and noise calibration, ALI's tau*)
+# plan with it, e.g. DP-FedAvg's participation schedule and noise calibration, ALI's tau*;
+# nor state-dir: the nodes' ledgers live there, and a moved one would open empty, resetting every budget)
 MAY_CHANGE = frozenset({"round-timeout", "node-wait-timeout", "poll-interval", "device",
-                        "checkpoint-dir", "results-dir", "data-dir", "state-dir"})
+                        "checkpoint-dir", "results-dir", "data-dir"})
 
 
 # what every checkpoint holds, and its type (bool is no int here: see _check_structure)
 SCHEMA = {"round": int, "lineage": str, "config": dict, "rows": list, "model": ArrayRecord,
           "strategy_classes": list, "strategy": list, "mirror": dict}
-AFRESH = "delete it, or use another run-name, to start the run afresh"
+# Not "delete it": the nodes' ledgers are keyed by the run-name and would continue under a fresh start,
+# whose mirror would not count them; and the run's results folder would be refused (refuse_taken).
+AFRESH = "start the run afresh under another run-name"
 
 
 # --- strategy state ------------------------------------------------------------
@@ -163,7 +168,7 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
             raise bad(f"{key!r} is missing or not of type {kind.__name__} (got {type(value).__name__})")
     if not re.fullmatch(r"[0-9a-f]{1,64}", ckpt["lineage"]):  # nodes accept a hex token only
         raise bad(f"'lineage' {ckpt['lineage'][:80]!r} is not a hex token")
-    if ckpt["round"] < 1:
+    if ckpt["round"] < 0:
         raise bad(f"'round' is {ckpt['round']}")
     if not all(isinstance(row, dict) for row in ckpt["rows"]):
         raise bad("'rows' holds a value that is not a results row")
@@ -191,11 +196,19 @@ class Checkpointer:
         folder = str(config["checkpoint-dir"]) or str(Path(str(config["results-dir"])) / "checkpoints")
         self.path = Path(folder).expanduser().resolve() / f"{name}.ckpt.npz"
 
+    def resumes(self) -> bool:
+        """Whether this run continues a checkpointed one (else it is a fresh start)."""
+        return self.enabled and self.path.exists()
+
     def resume(self, strategy, mirror, writer, model: ArrayRecord | None = None) -> tuple[ArrayRecord | None, int]:
         """Restore from the checkpoint if there is one: (global arrays, first round to run);
         (None, 1) for a fresh start. `model`: the run's initial model, which the saved one must match
         array for array (names, dtypes, shapes, finite values)."""
-        if not self.enabled or not self.path.exists():
+        if not self.enabled:
+            return None, 1
+        if not self.path.exists():  # a fresh start; but round 1 of a crashed one may have been charged
+            if model is not None and self._charge_lost_round(0, mirror, any_lineage=True):
+                self.save(0, model, strategy, mirror, writer)  # a round-0 checkpoint: the charge persists
             return None, 1
         ckpt = self._load()
         self._check_compatible(ckpt, strategy)
@@ -210,7 +223,8 @@ class Checkpointer:
             load_strategy_state(strategy, ckpt["strategy"])
             for p, ledger in ckpt["mirror"].items():
                 mirror.ledgers[int(p)] = PrivacyLedger.from_json(ledger)
-        except UNREADABLE + (CheckpointError,) as exc:
+            mirror.epsilons()  # entries that load but cannot be accounted must fail now, before a round
+        except UNREADABLE + (CheckpointError, ArithmeticError) as exc:
             raise CheckpointError(f"checkpoint {self.path} holds a state this run cannot load "
                                   f"({type(exc).__name__}: {exc}); {AFRESH}") from exc
         self.lineage = ckpt["lineage"]
@@ -236,17 +250,21 @@ class Checkpointer:
             "lineage": self.lineage, "round": server_round,
             "mirror": {str(p): PrivacyLedger(list(entries)).to_json() for p, entries in planned.items() if entries}})
 
-    def _charge_lost_round(self, done: int, mirror) -> bool:
+    def _charge_lost_round(self, done: int, mirror, any_lineage: bool = False) -> bool:
+        """Count round done + 1 in the mirror if it was interrupted after its instructions left.
+        `any_lineage`: no checkpoint yet, so the record of any crashed first round counts."""
         if not self.inflight_path.exists():
             return False
         try:
-            lost = load_checkpoint(self.inflight_path, AFRESH)
-            if lost["lineage"] != self.lineage or lost["round"] != done + 1:
+            lost = load_checkpoint(self.inflight_path, "it records the privacy of an interrupted round")
+            if (lost["lineage"] != self.lineage and not any_lineage) or lost["round"] != done + 1:
                 return False  # another run's, or a round that was checkpointed after all
             ledgers = {int(p): PrivacyLedger.from_json(ledger) for p, ledger in lost["mirror"].items()}
-        except UNREADABLE as exc:
-            raise CheckpointError(f"{self.inflight_path} (the privacy of round {done + 1}, interrupted) cannot "
-                                  f"be read ({type(exc).__name__}: {exc}); {AFRESH}") from exc
+        except UNREADABLE + (CheckpointError,) as exc:  # deleting it would drop that round from the mirror
+            raise CheckpointError(f"{self.inflight_path} (the privacy of round {done + 1}, interrupted after its "
+                                  f"instructions left) cannot be read ({type(exc).__name__}: {exc}); the clients "
+                                  "may have spent that round, so this run cannot be resumed with exact "
+                                  "accounting: start afresh under another run-name") from exc
         unknown = sorted(set(ledgers) - set(mirror.ledgers))
         if unknown:
             raise CheckpointError(f"{self.inflight_path} names partitions {unknown}, which this run does not "
@@ -276,7 +294,7 @@ class Checkpointer:
         if changed:
             raise CheckpointError(
                 f"checkpoint {self.path} was written with a different run config ({', '.join(changed)}); "
-                "resume with the same config, or use another run-name / delete the checkpoint to start afresh")
+                f"resume with the same config, or {AFRESH}")
         if ckpt["strategy_classes"] != strategy_classes(strategy):
             raise CheckpointError(f"checkpoint {self.path} holds the state of {ckpt['strategy_classes']}, "
                                   f"not {strategy_classes(strategy)}")

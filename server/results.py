@@ -30,8 +30,10 @@ def default_run_name(config: Mapping[str, Any]) -> str:
 
 
 def holds_run(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run's results, finished or not: a fresh run must not overwrite them."""
-    return (run_dir / "summary.json").exists() or (run_dir / "metrics.jsonl").exists()
+    """Whether `run_dir` holds a run's results, finished or not: a fresh run must not overwrite them (an
+    empty metrics.jsonl: a run that died in its first round, which left nothing to lose)."""
+    metrics = run_dir / "metrics.jsonl"
+    return (run_dir / "summary.json").exists() or (metrics.exists() and metrics.stat().st_size > 0)
 
 
 def refuse_taken(run_dir: Path) -> None:

@@ -112,7 +112,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     checkpointer = Checkpointer(config, log)  # deployment: checkpoint = true needs a run-name
     run_dir = Path(str(config["results-dir"])).expanduser().resolve() / (
         str(config["run-name"]) or default_run_name(config))
-    if not checkpointer.enabled:  # with checkpoints, the run-name names the run to resume
+    if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
         refuse_taken(run_dir)
     metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
     roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log,

@@ -80,7 +80,9 @@ def test_the_server_app_refuses_a_run_name_that_holds_a_run(tmp_path):
     with pytest.raises(ConfigError, match="already holds a run"):
         run_inprocess(config)
     assert (tmp_path / "keep" / "metrics.jsonl").read_text() == metrics
-    run_inprocess({**config, "checkpoint": True})  # the run-name names a run to resume or start afresh
+    with pytest.raises(ConfigError, match="already holds a run"):  # no checkpoint to resume: a fresh start
+        run_inprocess({**config, "checkpoint": True})
+    assert (tmp_path / "keep" / "metrics.jsonl").read_text() == metrics
 
 
 def test_default_run_names_never_collide(capsys, tmp_path, monkeypatch):

@@ -275,9 +275,13 @@ class PrivacyLedger:
         """Load a saved ledger (bound to `path`). A missing or unreadable file is
         an error: a ledger is never silently replaced by a fresh one."""
         p = Path(path)
-        with p.open(encoding="utf-8") as f:
-            obj = json.load(f)
-        return cls.from_json(obj, path=p)
+        try:
+            with p.open(encoding="utf-8") as f:
+                obj = json.load(f)
+            return cls.from_json(obj, path=p)
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
+            raise ValueError(f"privacy ledger {p} is damaged ({type(exc).__name__}: {exc}); it is never replaced "
+                             "by an empty one: restore it, or start the run under another run-name") from None
 
     def reload(self) -> None:
         """Replace the entries with those in the bound file: another process may have recorded since.
