@@ -3,7 +3,8 @@ update rule of the run's strategy (`client/updates/`)."""
 
 from __future__ import annotations
 
-from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client.node import local_client
@@ -13,8 +14,8 @@ from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal
 from client.updates import update_rule
 from common.evaluation import evaluate
 from common.privacy.ali import GRAD_DIFF_METRIC
-from common.privacy.plan import is_private
-from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays
+from common.privacy.plan import is_private, local_epochs, local_steps
+from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, arrays_to_state_dict, load_arrays
 
 app = ClientApp()
 
@@ -67,7 +68,7 @@ def train(msg: Message, context: Context) -> Message:
     client = local_client(context)
     rule = resumable(update_rule(str(client.config["strategy"]), str(client.config["privacy"])),
                      snapshot_folder(client.config, context.node_config, client.partition))
-    rule = private_release(rule, client.config)
+    rule = private_release(checked(rule), client.config)
     try:
         if client.config["secure-aggregation"]:  # reply with a masked vector (client/secagg.py)
             return secure_train(rule, client, msg, context)
@@ -77,6 +78,39 @@ def train(msg: Message, context: Context) -> Message:
         return Message(rule(client, msg.content, context.state), reply_to=msg)
     except BudgetExhausted as refused:  # a typed refusal, not a crash
         return refusal(msg, refused)
+
+
+def checked(rule):
+    """`rule`, run only on an instruction `check_instruction` accepts."""
+    def run(client, content: RecordDict, state: RecordDict) -> RecordDict:
+        check_instruction(client, content)
+        return rule(client, content, state)
+    return run
+
+
+def check_instruction(client, content: RecordDict) -> None:
+    """Refuse now what an update rule would refuse only after charging the ledger: a refusal after the
+    charge would record a release that never happened. A model that is not finite is refused too: its
+    NaN update would pass output perturbation's clipping (max(1, NaN / tau) = 1) unclipped."""
+    if not isinstance(content.get(CONFIG), ConfigRecord) or not isinstance(content.get(ARRAYS), ArrayRecord):
+        raise ValueError(f"a train instruction holds a ConfigRecord {CONFIG!r} and an ArrayRecord {ARRAYS!r}")
+    instruction = content[CONFIG]
+    for key in ("server-round", "train-round"):
+        value = instruction.get(key, 0)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"the instruction's {key!r} must be a non-negative integer, got {value!r}")
+    if "server-round" not in instruction:
+        raise ValueError("the instruction has no 'server-round'")
+    expected = client.model.state_dict()
+    received = arrays_to_state_dict(content[ARRAYS])
+    if received.keys() != expected.keys() or any(v.shape != expected[k].shape for k, v in received.items()):
+        raise ValueError("the instruction's model does not match this run's model (names or shapes)")
+    if not all(bool(torch.isfinite(v).all()) for v in received.values() if v.is_floating_point()):
+        raise ValueError("the instruction's model holds NaN or infinite values")
+    if "local-epochs" in instruction:
+        local_epochs(client.config, instruction)
+    if client.config["privacy"] == "dpsgd" and client.config["strategy"] != "fedlap":
+        local_steps(client.config, instruction)
 
 
 @app.query("secagg_enroll")

@@ -43,6 +43,8 @@ def clip_by_l2_norm(tensors: Tensors, clip_norm: float) -> tuple[Tensors, float]
     values = _values(tensors)
     floats = [t for t in values if t.is_floating_point()]
     norm = l2_norm(floats)
+    if not math.isfinite(norm):  # max(1, NaN / tau) is 1: a NaN norm would release the input unclipped
+        raise ValueError(f"cannot clip a vector whose L2 norm is {norm}")
     scale = 1.0 / max(1.0, norm / clip_norm)
     out = [t.detach() * scale if t.is_floating_point() else t.detach().clone() for t in values]
     return _rebuild(tensors, out), norm

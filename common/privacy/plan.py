@@ -8,6 +8,7 @@ clients spent), so the epsilon it reports comes from the same events.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Mapping
 
 from common.privacy.events import (LedgerEntry, dpsgd_steps, objective_perturbation_release,
@@ -17,12 +18,26 @@ from common.privacy.events import (LedgerEntry, dpsgd_steps, objective_perturbat
 def local_steps(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> int:
     """Steps a DP-SGD instruction asks for: the instruction's `local-steps` beats the run config's, but
     never exceeds it (a server asking for 10**12 steps would hang the node or exhaust its memory in the
-    accountant). ALI-DPFL's server sets tau every round; there the client's budget check bounds it."""
+    accountant). ALI-DPFL's server sets tau every round, never above the budget's R_c steps."""
     steps = int(instruction.get("local-steps", config["local-steps"]))
-    cap = None if config["strategy"] == "ali-dpfl" else int(config["local-steps"])
-    if steps < 1 or (cap is not None and steps > cap):
-        raise ValueError(f"the instruction asks for local-steps = {steps}; this run allows 1..{cap or 'budget'}")
+    cap = ali_iteration_budget(config) if config["strategy"] == "ali-dpfl" else int(config["local-steps"])
+    if not 1 <= steps <= cap:
+        raise ValueError(f"the instruction asks for local-steps = {steps}; this run allows 1..{cap}")
     return steps
+
+
+def ali_iteration_budget(config: Mapping[str, Any]) -> int:
+    """R_c: the DP-SGD steps the run's budget allows (ALI-DPFL's Alg. 3, by the run's accountant)."""
+    return _iteration_budget(float(config["target-epsilon"]), float(config["target-delta"]),
+                             float(config["dp-sample-rate"]), float(config["dp-noise-multiplier"]),
+                             str(config["accountant"]))
+
+
+@functools.lru_cache(maxsize=16)
+def _iteration_budget(target: float, delta: float, q: float, sigma: float, accountant: str) -> int:
+    from common.privacy.ali import iteration_budget
+
+    return iteration_budget(target, delta, q, sigma, accountant)
 
 
 def local_epochs(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> int:

@@ -30,6 +30,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from client.privacy import BUDGET_EXHAUSTED
 from common.privacy import ali
+from common.privacy.plan import ali_iteration_budget
 from common.records import ARRAYS, METRICS, arrays_to_vector
 from server.ali_mu import GRAD_DIFF_METRIC, PAPER_WARNING, SecantMu, paper_mu
 from server.roster import Roster
@@ -53,8 +54,7 @@ class AliDpfl(FedAvg):
         target = float(config["target-epsilon"])
         if not target > 0:
             raise ValueError("strategy 'ali-dpfl' needs a privacy budget: set target-epsilon > 0")
-        self.rc = ali.iteration_budget(target, float(config["target-delta"]), self.q, self.sigma,
-                                       str(config["accountant"]))  # R_c
+        self.rc = ali_iteration_budget(config)  # R_c, as every node computes it to bound local-steps
         if self.rc <= 0:
             raise ValueError(f"target-epsilon {target} allows no DP-SGD step at q={self.q}, sigma={self.sigma}")
         self.b_hat = ali.batch_estimate(self.q, roster.num_examples.values())
