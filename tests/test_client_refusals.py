@@ -1,17 +1,19 @@
 """A node facing a curious or hostile server: it refuses instructions that would weaken its guarantee or
 exhaust it, charging nothing, and a run config cannot move its files out of its state directory."""
 
+from collections import OrderedDict
 from uuid import uuid4
 
 import pytest
-from flwr.app import ConfigRecord, Context, Message, RecordDict
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
 
 from client.node import local_client
 from client.secagg import RECORD
 from common.config import ConfigError, validate
-from common.records import ARRAYS, CONFIG, model_to_arrays
+from common.records import ARRAYS, CONFIG, arrays_to_state_dict, model_to_arrays
 from server.inprocess_grid import deliver, load_client_app
 
 SMALL = {"dataset": "synthetic", "num-clients": 2, "synthetic-dim": 5, "synthetic-classes": 3, "seed": 3}
@@ -37,9 +39,10 @@ def send(app, context, content, message_type="train"):
     return deliver(app, msg, context)
 
 
-def instruction(context, **values):
+def instruction(context, arrays=None, **values):
     client = local_client(context)
-    return RecordDict({ARRAYS: model_to_arrays(client.model), CONFIG: ConfigRecord({"server-round": 1, **values})})
+    return RecordDict({ARRAYS: arrays if arrays is not None else model_to_arrays(client.model),
+                       CONFIG: ConfigRecord({"server-round": 1, **values})})
 
 
 def refused(reply, text):
@@ -98,3 +101,56 @@ def test_run_name_is_one_folder_name(name):
     """run-name names the ledger's and the snapshots' folders under the node's state directory."""
     with pytest.raises(ConfigError, match="run-name"):
         validate({"run-name": name})
+
+
+# --- checked before any charge (an adversarial review, session 11) ----------------------------
+def misshapen(context) -> ArrayRecord:
+    return ArrayRecord(OrderedDict((k, torch.zeros(1)) for k in local_client(context).model.state_dict()))
+
+
+def test_output_perturbation_never_releases_an_unclipped_update_for_a_non_finite_model(app, tmp_path):
+    """output-perturb = 'update': a server that puts -inf in one bias makes that coordinate's update NaN,
+    the update's norm NaN, and `max(1, NaN / tau)` = 1: the rest of the update left unclipped (norm ~33
+    against output-clip 0.01), while the ledger charged a tau-clipped Gaussian release."""
+    clip = 0.01
+    context = node(tmp_path, privacy="output", **{"output-perturb": "update", "output-clip": clip,
+                                                  "output-noise-std": 1e-6, "output-sensitivity": "ball", "lr": 0.5})
+    received = OrderedDict((k, v.detach().clone()) for k, v in local_client(context).model.state_dict().items())
+    bias = next(k for k in received if k.endswith("bias"))
+    received[bias][0] = -float("inf")
+    reply = send(app, context, instruction(context, arrays=ArrayRecord(received)))
+    if reply.has_error():
+        return  # refusing a non-finite model is fine
+    released = arrays_to_state_dict(reply.content[ARRAYS])
+    update = torch.cat([(released[k] - received[k]).reshape(-1) for k in received])
+    finite = update[torch.isfinite(update)]
+    assert float(finite.norm()) <= clip + 1e-3, "released an update far outside the output-clip ball"
+
+
+@pytest.mark.parametrize("run,asked,bad_arrays", [
+    ({"privacy": "output"}, {"local-epochs": 10**12}, False),
+    ({"strategy": "fedprox", "privacy": "objective", "target-epsilon": 50.0}, {"local-epochs": 10**12}, False),
+    ({"privacy": "dpsgd", "local-steps": 2}, {"server-round": -1}, False),
+    (HU, {"hu-sigma": 2.0, "server-round": -1}, False),
+    ({"privacy": "dpsgd", "local-steps": 2}, {}, True),
+    ({"privacy": "output"}, {}, True),
+], ids=["output-epochs", "objective-epochs", "dpsgd-round", "hu-round", "dpsgd-arrays", "output-arrays"])
+def test_a_refused_instruction_charges_nothing(app, tmp_path, run, asked, bad_arrays):
+    """An instruction the node refuses (a hostile local-epochs, a negative round, a misshapen model) releases
+    nothing, so it must spend nothing: today the ledger records a release that never happened (and the
+    server's mirror, seeing an error reply, records nothing)."""
+    context = node(tmp_path, **run)
+    reply = send(app, context, instruction(context, arrays=misshapen(context) if bad_arrays else None, **asked))
+    assert reply.has_error()
+    assert local_client(context).ledger.entries == ()
+
+
+def test_ali_dpfl_refuses_a_hostile_local_steps_before_the_accountant(app, tmp_path):
+    """ALI-DPFL's local-steps has no cap: the PLD accountant is asked to compose it (10**7 steps: ~4 s and
+    ~1 GB; 10**8: ~24 s and 3.5 GB; 10**12: MemoryError on a 2.2 TiB array). The node's own config fixes
+    R_c, so anything beyond it can be refused by name, as for the other DP-SGD strategies."""
+    context = node(tmp_path, strategy="ali-dpfl", privacy="dpsgd", accountant="pld",
+                   **{"local-steps": 2, "target-epsilon": 1.0})
+    reply = send(app, context, instruction(context, **{"local-steps": 10**7}))
+    assert reply.has_error() and "local-steps" in reply.error.reason
+    assert local_client(context).ledger.entries == ()
