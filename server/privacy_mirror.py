@@ -48,6 +48,7 @@ class PrivacyMirror:
             "ledgers": {
                 str(p): {
                     "entries": len(ledger.entries), "steps": ledger.steps(), "relations": sorted(ledger.relations()),
+                    "assumptions": sorted(ledger.assumptions()),
                     "epsilon": {acc: _epsilon_or_none(ledger, self.delta, acc) for acc in ("rdp", "pld")},
                 }
                 for p, ledger in self.ledgers.items()

@@ -110,9 +110,11 @@ def epsilon_note(summary: Mapping[str, Any]) -> str | None:
         sampling = f"Poisson sampling (q = {config.get('dp-sample-rate')})"
     else:  # output/objective perturbation, Hu et al.: accounted without amplification by sampling
         sampling = "no amplification by sampling"
+    assumptions = sorted({a for ledger in privacy.get("ledgers", {}).values() for a in ledger.get("assumptions", [])})
+    caveat = f". NOT A GUARANTEE of this run: it assumes {'; and '.join(assumptions)}" if assumptions else ""
     return (f"epsilon: max over clients of record-level (epsilon, delta)-DP at delta = {privacy['delta']:g} "
             f"({privacy.get('accountant')} accountant); neighbouring relation: "
-            f"{', '.join(relations) or 'none recorded'}; {sampling}")
+            f"{', '.join(relations) or 'none recorded'}; {sampling}{caveat}")
 
 
 def _accuracy_at_epsilon(rows, summary, param):

@@ -29,7 +29,8 @@ def instruction(server_round=1, train_round=None, **extra):
 
 
 def test_output_entry_paper_and_ball():
-    cfg = validate({**SMALL, "privacy": "output", "output-clip": 10.0, "output-noise-std": 0.8})
+    cfg = validate({**SMALL, "privacy": "output", "output-clip": 10.0, "output-noise-std": 0.8,
+                    "output-sensitivity": "paper"})
     (entry,) = planned_entries(cfg, instruction(3, 2), dataset_size=200)
     assert entry.kind == "gaussian" and entry.round == 3 and entry.meta["train-round"] == 2
     assert entry.params["sensitivity"] == pytest.approx(10.0 / 200) and entry.params["relation"] == "add-remove"
@@ -89,7 +90,7 @@ def _content(client, server_round=1):
 @pytest.mark.parametrize("perturb", ["model", "update"])
 def test_output_wrapper_clips_noises_and_charges(tmp_path, perturb):
     client = _client(tmp_path, privacy="output", **{"output-clip": 0.3, "output-noise-std": 1e-6,
-                                                    "output-perturb": perturb})
+                                                    "output-perturb": perturb, "output-sensitivity": "paper"})
     content = _content(client)
     received = arrays_to_state_dict(content[ARRAYS])
     reply = update_rule("fedavg", "output")(client, content, RecordDict())

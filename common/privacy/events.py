@@ -155,6 +155,12 @@ def gaussian_release(noise_std: float, sensitivity: float, *, count: int = 1, re
 
 
 OUTPUT_SENSITIVITY_RULES = ("paper", "ball")
+# `params["assumption"]`: a condition the entry's bound needs that this run does not enforce (the paper's
+# formula applied as the paper applies it). Reports print it: such an epsilon is not a guarantee.
+THM62_ASSUMPTION = ("Upcycled-FL Thm 6.2's sensitivity tau/|D_i| (the clipped model modelled as an average of "
+                    "per-record terms; clipping does not enforce it: output-sensitivity = 'ball' does)")
+THM63_ASSUMPTION = ("Upcycled-FL Thm 6.3's conditions (a binary GLM loss with ||x|| <= 1, |l'| <= u1, |l''| <= u2, "
+                    "the exact minimiser), which privfed does not verify on the data or the training")
 
 
 def output_perturbation_sensitivity(clip_norm: float, dataset_size: int, rule: str = "paper") -> tuple[float, str]:
@@ -186,6 +192,8 @@ def output_perturbation_release(clip_norm: float, noise_std: float, dataset_size
     entry = gaussian_release(noise_std, sens, relation=relation, round=round,
                              mechanism="output-perturbation", **meta)
     params = dict(entry.params, clip_norm=float(clip_norm), dataset_size=int(dataset_size), rule=rule)
+    if rule == "paper":
+        params["assumption"] = THM62_ASSUMPTION
     return LedgerEntry("gaussian", params, entry.round, entry.meta)
 
 
@@ -213,7 +221,7 @@ def objective_perturbation_release(alpha: float, u1: float, u2: float, mu: float
     eps = upcycled_objective_epsilon([alpha], u1, u2, mu, dataset_size)
     entry = pure_dp_release(eps, relation="replace-one", round=round, mechanism="objective-perturbation", **meta)
     params = dict(entry.params, alpha=float(alpha), u1=float(u1), u2=float(u2), mu=float(mu),
-                  dataset_size=int(dataset_size))
+                  dataset_size=int(dataset_size), assumption=THM63_ASSUMPTION)
     return LedgerEntry("pure", params, entry.round, entry.meta)
 
 

@@ -60,6 +60,19 @@ def calibrate_sigma(accountant: str, epsilon: float, delta: float, participation
     return math.sqrt(int(participations) * rho_coefficient(accountant, **kw) / target) * (1 + 1e-10)
 
 
+def paper_assumption(accountant: str, dataset_size: int, batch_size: int, local_steps: int) -> str | None:
+    """What the 'paper' accountants' rho assumes and this run does not meet (None: nothing; see
+    events.py): Thm 1 needs whole epochs, m/gamma dividing tau (else one step alone costs more than its
+    rho); the DP-DSGD formula is applied as printed (its /n credit is not derived)."""
+    m, gamma, tau = int(dataset_size), int(batch_size), int(local_steps)
+    if accountant == "paper" and (m % gamma or tau % (m // gamma)):
+        return (f"Hu et al. Thm 1's condition that m/gamma divides tau (m = {m}, gamma = {gamma}, tau = {tau}: "
+                "not met, and one step alone costs more than the rho charged)")
+    if accountant == "paper-dsgd":
+        return "the DP-DSGD baseline's epsilon formula as Hu et al. print it (its 1/n credit is not derived)"
+    return None
+
+
 def hu_entries(config: Mapping[str, Any], instruction: Mapping[str, Any], dataset_size: int) -> list[LedgerEntry]:
     """One rho-zCDP entry for one participation (none without noise: the non-private baseline)."""
     sigma = float(instruction["hu-sigma"])
@@ -72,6 +85,10 @@ def hu_entries(config: Mapping[str, Any], instruction: Mapping[str, Any], datase
     rho = round_rho(accountant, sigma, local_steps=tau, clip=clip, dataset_size=int(dataset_size), batch_size=gamma,
                     clients_per_round=r, num_clients=int(config["num-clients"]))
     train_round = int(instruction.get("train-round", instruction["server-round"]))
-    return [zcdp_release(rho, round=train_round, mechanism="hu-dp-fedavg", accountant=accountant, sigma=sigma,
+    entry = zcdp_release(rho, round=train_round, mechanism="hu-dp-fedavg", accountant=accountant, sigma=sigma,
                          local_steps=tau, clip=clip, batch_size=gamma, dataset_size=int(dataset_size),
-                         clients_per_round=r)]
+                         clients_per_round=r)
+    assumption = paper_assumption(accountant, int(dataset_size), gamma, tau)
+    if assumption:
+        entry = LedgerEntry(entry.kind, {**entry.params, "assumption": assumption}, entry.round, entry.meta)
+    return [entry]

@@ -122,6 +122,11 @@ class PrivacyLedger:
         """The neighbouring relations the recorded guarantees were derived under."""
         return {e.params["relation"] for e in self._entries if "relation" in e.params}
 
+    def assumptions(self) -> set[str]:
+        """Conditions some recorded bound needs that the run did not enforce (events.py): with any, the
+        epsilon is the papers' formula, not a guarantee."""
+        return {e.params["assumption"] for e in self._entries if "assumption" in e.params}
+
     # -- accounting ------------------------------------------------------------
     def to_dp_event(self, extra: Sequence[LedgerEntry] = ()) -> dpa.DpEvent:
         """The composition of every non-pure entry (plus `extra`) as one

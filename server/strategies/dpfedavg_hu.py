@@ -34,7 +34,7 @@ from flwr.app import ConfigRecord
 
 from common.config import ConfigError, RunConfig
 from common.privacy.accounting import zcdp_epsilon
-from common.privacy.hu import calibrate_sigma, epochs_touched, round_rho
+from common.privacy.hu import calibrate_sigma, epochs_touched, paper_assumption, round_rho
 from server.roster import Roster
 from server.sampling import num_sampled, sample_partitions
 from server.strategies.fedavg import FedAvg
@@ -82,6 +82,10 @@ class DpFedAvgHu(FedAvg):
             f"{', secure-aggregation credit' if self.secure and self.accountant == 'paper' else ''}); "
             f"participations C_i in {min(self.schedule.values())}..{max(self.schedule.values())}; "
             f"planned epsilon {planned:.4f} at delta {self.delta:g}")
+        assumptions = {paper_assumption(self.accountant, roster.num_examples[p], self.gamma, self.tau)
+                       for p in roster.partitions} - {None}
+        for text in sorted(assumptions):
+            log(f"DP-FedAvg (Hu et al.): this epsilon is NOT A GUARANTEE: it assumes {text}")
 
     def setup_stragglers(self, fraction: float, local_epochs: int) -> None:
         """Refused: a straggler runs fewer local epochs, but this rule runs tau steps (the client's own)."""

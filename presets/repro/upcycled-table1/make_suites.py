@@ -201,7 +201,8 @@ def private_cells(column: str) -> dict[str, tuple[dict, dict, str]]:
     """mechanism -> (vanilla overrides, Upcycled overrides without theta, theta's note) for one column."""
     ds = COLUMNS[column]
     lr_out, lr_obj = OUTPUT_HP[column][0], OBJECTIVE_HP[column][0]
-    out = {"strategy": "fedavg", "dataset": ds, "lr": lr_out, "privacy": "output"}
+    out = {"strategy": "fedavg", "dataset": ds, "lr": lr_out, "privacy": "output",
+           "output-sensitivity": "paper"}  # the paper's Thm 6.2 (reported as an assumption, not a guarantee)
     # Thm 6.3 needs a convex loss: objective perturbation trains the plain (logits) logistic regression.
     obj = {"strategy": "fedprox", "prox-mu": 0.5, "dataset": ds, "lr": lr_obj, "privacy": "objective",
            "model": "logreg"}
