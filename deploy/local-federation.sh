@@ -20,7 +20,11 @@
 #   The PIDs go to RUN_DIR/pids and logs to RUN_DIR/*.log; SuperLink state,
 #   each SuperNode's FLWR_HOME and its state folder (privacy ledger) live in
 #   RUN_DIR/superlink and RUN_DIR/supernode-I and survive stop/start.
-# stop: stops exactly the processes in RUN_DIR/pids and their children.
+#   A start that fails (or is interrupted) stops what it had started; a port
+#   already in use (PORT, or a SuperNode port) is refused before anything starts.
+# stop: stops exactly the processes in RUN_DIR/pids and their children, provided
+#   each still is one of this run's (its command line names RUN_DIR), so a PID
+#   reused by another process is left alone.
 #
 # Defaults: N=3, PORT=8000, NODE_PORT_BASE=9094, RUN_DIR=.flwr/deploy (inside the
 # repository but ignored by git and left out of the FAB that `flwr run .` packs),
@@ -68,6 +72,10 @@ pids_file="$run_dir/pids"
 
 log() { echo "[local-federation] $*"; }
 alive() { kill -0 "$1" 2>/dev/null; }
+# Alive and still one of ours: each process that start launches names $run_dir/ in its
+# command line (--flwr-home, --database, --state-dir), a reused PID does not.
+# (No `tr | grep -q` pipeline: under pipefail an early grep exit could read as "not ours".)
+ours() { alive "$1" && [[ "$(tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null)" == *"$run_dir/"* ]]; }
 
 descendants() {  # all descendants of PID $1 (children first walked breadth-first)
     local queue=("$1") out=() p c
@@ -85,7 +93,7 @@ do_stop() {
     local targets=() name pid d
     while read -r name pid; do
         [[ -n "${pid:-}" ]] || continue
-        if alive "$pid"; then
+        if ours "$pid"; then
             # Children first recorded, so that none is orphaned before we saw it.
             for d in $(descendants "$pid"); do targets+=("$d"); done
             targets+=("$pid")
@@ -138,7 +146,7 @@ do_start() {
     [[ "$num" =~ ^[0-9]+$ && "$num" -ge 1 ]] || { echo "local-federation.sh: -n must be >= 1" >&2; exit 2; }
     if [[ -f "$pids_file" ]]; then
         while read -r name pid; do
-            if [[ -n "${pid:-}" ]] && alive "$pid"; then
+            if [[ -n "${pid:-}" ]] && ours "$pid"; then
                 echo "local-federation.sh: already running ($name pid $pid); run '$0 stop --run-dir $run_dir' first" >&2
                 exit 1
             fi
@@ -148,10 +156,21 @@ do_start() {
     for tool in flwr flower-superlink flower-supernode python; do
         command -v "$tool" >/dev/null || { echo "local-federation.sh: '$tool' not found; activate privfed's environment" >&2; exit 1; }
     done
+    local p
+    for p in "$port" $(seq "$node_port_base" $((node_port_base + num - 1))); do
+        if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+            echo "local-federation: port $p on 127.0.0.1 is already in use" >&2
+            exit 1
+        fi
+    done
     local t0=$SECONDS
     "$here/make-certs.sh" -o "$certs" -n "$num"
     certs="$(cd "$certs" && pwd)"
     : >"$pids_file"
+    # From here on, any failure (set -e, an explicit exit 1, Ctrl-C) stops what was started.
+    started_ok=0
+    trap '[[ $started_ok == 1 ]] || { echo "local-federation: start failed; stopping what it started" >&2; do_stop; }' EXIT
+    trap 'exit 130' INT TERM
 
     setsid "$here/start-superlink.sh" --certs "$certs" --host 127.0.0.1 --port "$port" \
         --flwr-home "$run_dir/superlink" --workdir "$workdir" \
@@ -168,7 +187,7 @@ do_start() {
     if [[ $ok != 1 ]]; then
         echo "local-federation.sh: SuperLink did not come up; see $run_dir/superlink.log" >&2
         tail -n 20 "$run_dir/superlink.log" >&2 || true
-        do_stop; exit 1
+        exit 1
     fi
 
     write_connection "$connection" "127.0.0.1:$port" "$certs/ca.crt"
@@ -188,7 +207,7 @@ do_start() {
             else
                 echo "$out" >&2
                 echo "local-federation.sh: could not register supernode-$i.pub" >&2
-                do_stop; exit 1
+                exit 1
             fi
         done
     done
@@ -214,15 +233,16 @@ do_start() {
             if ! alive "$pid"; then
                 echo "local-federation.sh: $name (pid $pid) exited; see $run_dir/$name.log" >&2
                 tail -n 20 "$run_dir/$name.log" >&2 || true
-                do_stop; exit 1
+                exit 1
             fi
         done <"$pids_file"
         sleep 1
     done
     if [[ "$n" -lt "$num" ]]; then
         echo "local-federation.sh: only $n of $num SuperNodes online after ${wait_s}s" >&2
-        do_stop; exit 1
+        exit 1
     fi
+    started_ok=1
     log "federation up: $num SuperNodes online after $((SECONDS - t0))s"
     log "run:  flwr run . $connection --stream --run-config 'num-clients=$num num-rounds=3'"
     log "stop: $0 stop --run-dir $run_dir"
@@ -231,7 +251,7 @@ do_start() {
 do_status() {
     if [[ -f "$pids_file" ]]; then
         while read -r name pid; do
-            if alive "$pid"; then echo "$name pid $pid: running"; else echo "$name pid $pid: not running"; fi
+            if ours "$pid"; then echo "$name pid $pid: running"; else echo "$name pid $pid: not running"; fi
         done <"$pids_file"
     else
         echo "no federation recorded in $run_dir"

@@ -16,14 +16,17 @@
 #                             supernode-I.key` on the SuperNode side.
 #
 # Idempotent: an existing CA and existing node keys are kept; the SuperLink
-# certificate is re-issued only when the requested SANs changed, it no longer
-# verifies against the CA, or --force is given (--force re-issues the server
-# certificate only; delete the folder to start from scratch).
+# certificate is re-issued only when SANs are added, it no longer verifies
+# against the CA, or --force is given. Without --force the SANs recorded in
+# server.san are kept (a plain re-run never drops one); --force re-issues the
+# server certificate for exactly the default and --san SANs (delete the folder
+# to start from scratch).
 #
 # --docker makes server.key and supernode-*.key readable by the containers'
 # non-root user (uid 49999 in the official flwr images; compose bind-mounts each
 # file on its own). The folder itself stays 0700, so on the host only you can
-# reach them. ca.key always stays 0600 and is never mounted anywhere.
+# reach them; a later run without --docker leaves those modes as they are (new
+# keys are 0600). ca.key always stays 0600 and is never mounted anywhere.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -64,9 +67,15 @@ mkdir -p "$out"
 chmod 700 "$out"
 cd "$out"
 
-# SAN list: defaults first, then extras, without duplicates, comma separated.
+# SAN list: defaults first, then (unless --force) those recorded in server.san,
+# so that a plain re-run keeps what exists, then extras; without duplicates,
+# comma separated.
 sans="DNS:localhost,IP:127.0.0.1"
-for s in "${extra_sans[@]+"${extra_sans[@]}"}"; do
+recorded_sans=()
+if [[ $force == 0 && -s server.san ]]; then
+    IFS=, read -r -a recorded_sans <server.san || true
+fi
+for s in "${recorded_sans[@]+"${recorded_sans[@]}"}" "${extra_sans[@]+"${extra_sans[@]}"}"; do
     case ",$sans," in *",$s,"*) ;; *) sans="$sans,$s" ;; esac
 done
 
@@ -157,6 +166,4 @@ chmod 644 ca.crt server.pem server.san ./*.pub 2>/dev/null || true
 if [[ $docker_mode == 1 ]]; then
     chmod 644 server.key supernode-*.key 2>/dev/null || true
     echo "--docker: server.key and supernode-*.key are readable by container users; $out stays 0700"
-else
-    chmod 600 server.key supernode-*.key 2>/dev/null || true
 fi

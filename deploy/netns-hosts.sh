@@ -60,6 +60,17 @@ case "$cmd" in
         [[ "$subnet" =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "--subnet A.B.C (a /24)"
         [[ ${#hosts[@]} -gt 0 ]] || die "no HOST=OCTET given"
         [[ -z "$(ours)" ]] || die "namespaces ${prefix}-* already exist; run down first"
+        # Validate every HOST=OCTET before creating anything (die does not fire the ERR trap).
+        declare -A seen_name=() seen_octet=()
+        for h in "${hosts[@]}"; do
+            name="${h%%=*}"; octet="${h#*=}"
+            [[ "$name" =~ ^[a-zA-Z0-9]+$ ]] || die "host name '$name': letters/digits only"
+            [[ "$name" != sw ]] || die "host name 'sw' is taken by the switch namespace ${prefix}-sw"
+            [[ "$octet" =~ ^[1-9][0-9]{0,2}$ && "$octet" -le 254 ]] || die "host '$name': octet 1..254"
+            [[ -z "${seen_name[$name]:-}" ]] || die "host name '$name' given twice"
+            [[ -z "${seen_octet[$octet]:-}" ]] || die "octet $octet given twice (${seen_octet[$octet]} and $name)"
+            seen_name[$name]=1; seen_octet[$octet]="$name"
+        done
         trap 'echo "netns-hosts.sh: up failed, removing ${prefix}-*" >&2; for n in $(ours); do ip netns del "$n"; done' ERR
         sw="${prefix}-sw"
         ip netns add "$sw"
@@ -69,8 +80,6 @@ case "$cmd" in
         i=0
         for h in "${hosts[@]}"; do
             name="${h%%=*}"; octet="${h#*=}"
-            [[ "$name" =~ ^[a-zA-Z0-9]+$ ]] || die "host name '$name': letters/digits only"
-            [[ "$octet" =~ ^[0-9]+$ && "$octet" -ge 1 && "$octet" -le 254 ]] || die "host '$name': octet 1..254"
             ns="${prefix}-${name}"
             ip netns add "$ns"
             ip link add eth0 netns "$ns" type veth peer name "v$i" netns "$sw"

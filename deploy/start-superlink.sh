@@ -18,6 +18,8 @@
 #   --database FILE  SQLite file for the SuperLink state (registered node keys,
 #                    runs); default $FLWR_HOME/superlink.db. ':flwr-in-memory:'
 #                    keeps it in memory (then registrations vanish on restart).
+#                    A relative FILE (also for --log-file) is taken relative to
+#                    the current directory, not to --workdir.
 #   --workdir DIR    working directory of the SuperLink, and hence of the ServerApp
 #                    processes it spawns: relative run-config paths such as
 #                    results-dir=results resolve against it (default: current dir)
@@ -61,6 +63,10 @@ command -v flower-superlink >/dev/null || {
 mkdir -p "$flwr_home"
 flwr_home="$(cd "$flwr_home" && pwd)"
 [[ -n "$database" ]] || database="$flwr_home/superlink.db"
+# Like --certs and --flwr-home, a relative --database / --log-file is relative to the
+# caller's directory, not to --workdir: make them absolute before the `cd` below.
+case "$database" in /*|:*) ;; *) database="$PWD/$database" ;; esac
+[[ -z "$log_file" || "$log_file" == /* ]] || log_file="$PWD/$log_file"
 export FLWR_HOME="$flwr_home"
 export FLWR_DISABLE_UPDATE_CHECK=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 

@@ -1,0 +1,223 @@
+"""The deployment scripts' failure modes found by an adversarial review (session 11).
+
+No Docker, no network namespaces (network commands are faked), loopback only;
+every process a test starts is stopped by PID in a `finally`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOY = ROOT / "deploy"
+BIN = Path(sys.executable).parent
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
+    env.update(FLWR_DISABLE_UPDATE_CHECK="1", FLWR_TELEMETRY_ENABLED="0",
+               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
+    env.update(extra)
+    return env
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+    except OSError:
+        return False
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _recorded_pids(run_dir: Path) -> list[int]:
+    f = run_dir / "pids"
+    if not f.exists():
+        return []
+    return [int(line.split()[1]) for line in f.read_text().splitlines() if len(line.split()) == 2]
+
+
+def _stop_federation(run_dir: Path, env: dict[str, str]) -> None:
+    pids = _recorded_pids(run_dir)
+    subprocess.run([str(DEPLOY / "local-federation.sh"), "stop", "--run-dir", str(run_dir)],
+                   env=env, capture_output=True, text=True, timeout=60)
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+# --- .ci/run -------------------------------------------------------------------
+
+
+def test_ci_cleanup_spares_processes_it_did_not_start(tmp_path):
+    """.ci/run's EXIT trap SIGKILLs every process whose environment merely *contains*
+    `FLWR_HOME=<repo>/.flwr`, e.g. the SuperLink of a running local-federation.sh
+    (FLWR_HOME=<repo>/.flwr/deploy/superlink) or another session's test run."""
+    text = (ROOT / ".ci/run").read_text()
+    m = re.search(r"^cleanup\(\) \{\n.*?^\}\n", text, re.S | re.M)
+    assert m, "no cleanup() in .ci/run"
+    repo = tmp_path / "repo"
+    victim = subprocess.Popen(["sleep", "120"], start_new_session=True,
+                              env=dict(os.environ, FLWR_HOME=f"{repo}/.flwr/deploy/superlink"))
+    try:
+        time.sleep(0.2)
+        subprocess.run(["bash", "-c", m.group(0) + "cleanup\n"], timeout=30,
+                       env=dict(os.environ, FLWR_HOME=f"{repo}/.flwr"))
+        time.sleep(0.3)
+        assert victim.poll() is None, "cleanup() killed a process that .ci/run did not start"
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        victim.wait(timeout=10)
+
+
+# --- make-certs.sh -----------------------------------------------------------------
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed")
+def test_make_certs_rerun_without_options_keeps_docker_sans_and_key_modes(tmp_path):
+    """README section 3 makes deploy/certs with --san DNS:superlink --docker; then
+    `local-federation.sh start` re-runs `make-certs.sh -o deploy/certs -n N` ("keeps what
+    already exists"), which re-issues server.pem WITHOUT DNS:superlink and chmods the
+    mounted keys back to 0600, so the compose TLS overlay breaks."""
+    out = tmp_path / "certs"
+    mk = str(DEPLOY / "make-certs.sh")
+    subprocess.run([mk, "-o", str(out), "-n", "2", "--san", "DNS:superlink", "--docker"],
+                   check=True, capture_output=True, timeout=120)
+    subprocess.run([mk, "-o", str(out), "-n", "2"], check=True, capture_output=True, timeout=120)
+    sans = subprocess.run(["openssl", "x509", "-in", str(out / "server.pem"), "-noout", "-ext",
+                           "subjectAltName"], capture_output=True, text=True, check=True).stdout
+    assert "DNS:superlink" in sans, f"re-run dropped a SAN the compose setup needs: {sans.strip()}"
+    mode = stat.S_IMODE((out / "supernode-1.key").stat().st_mode)
+    assert mode & 0o004, f"re-run made the container-mounted key unreadable again ({oct(mode)})"
+
+
+# --- local-federation.sh ------------------------------------------------------------
+
+
+def test_local_federation_stop_spares_a_reused_pid(tmp_path):
+    """`stop` SIGTERMs (then SIGKILLs) whatever process now holds a recorded PID, e.g.
+    after a reboot or once the federation died by itself and the PID was reused."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    other = subprocess.Popen(["sleep", "120"], start_new_session=True)
+    try:
+        (run_dir / "pids").write_text(f"superlink {other.pid}\n")
+        subprocess.run([str(DEPLOY / "local-federation.sh"), "stop", "--run-dir", str(run_dir)],
+                       env=_env(FLWR_HOME=str(tmp_path / "home")), capture_output=True, timeout=60)
+        time.sleep(0.3)
+        assert other.poll() is None, "stop killed a process that is not a Flower process of this run"
+    finally:
+        if other.poll() is None:
+            other.kill()
+        other.wait(timeout=10)
+
+
+@pytest.mark.skipif(not (BIN / "flower-superlink").exists(), reason="flwr not installed")
+def test_local_federation_failed_start_leaves_nothing_running(tmp_path):
+    """A failure after the SuperLink started (here: an unreadable $FLWR_HOME/config.toml;
+    same for Ctrl-C during the node wait) exits under `set -e` with no cleanup: the
+    SuperLink and its SuperExec keep running and hold the port."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "config.toml").write_text("this is = = not toml\n")
+    run_dir = tmp_path / "run"
+    env = _env(FLWR_HOME=str(home))
+    try:
+        r = subprocess.run([str(DEPLOY / "local-federation.sh"), "start", "-n", "1",
+                            "--port", str(_free_port()), "--node-port-base", str(_free_port()),
+                            "--run-dir", str(run_dir), "--certs", str(tmp_path / "certs"),
+                            "--workdir", str(tmp_path), "--wait", "20"],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert r.returncode != 0, r.stdout + r.stderr
+        time.sleep(0.5)
+        left = [p for p in _recorded_pids(run_dir) if _alive(p)]
+        assert not left, f"failed start left recorded processes running: {left}"
+    finally:
+        _stop_federation(run_dir, env)
+
+
+@pytest.mark.skipif(not (BIN / "flower-superlink").exists(), reason="flwr not installed")
+def test_local_federation_refuses_a_port_already_in_use(tmp_path):
+    """With the SuperLink port taken, the readiness probe connects to the other listener:
+    against another SuperLink `start` even reports "federation up" (exit 0) while its own
+    SuperLink died with 'address already in use' and its SuperNodes were refused (305)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(64)
+    port = listener.getsockname()[1]
+    run_dir = tmp_path / "run"
+    env = _env(FLWR_HOME=str(tmp_path / "home"))
+    proc = subprocess.Popen([str(DEPLOY / "local-federation.sh"), "start", "-n", "1",
+                             "--port", str(port), "--node-port-base", str(_free_port()),
+                             "--run-dir", str(run_dir), "--certs", str(tmp_path / "certs"),
+                             "--workdir", str(tmp_path), "--wait", "10"],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    try:
+        try:
+            out, _ = proc.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate(timeout=10)
+            pytest.fail(f"start did not refuse port {port} (in use) within 20 s:\n{out[-2000:]}")
+        assert proc.returncode != 0, out
+        assert re.search(r"in use", out, re.I), f"no 'port in use' message:\n{out[-2000:]}"
+    finally:
+        listener.close()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+        _stop_federation(run_dir, env)
+
+
+# --- netns-hosts.sh (with a fake `ip`: no namespace is created) ---------------------------
+
+FAKE_IP = r"""#!/usr/bin/env bash
+state="$FAKE_IP_STATE"; touch "$state"
+if [[ "$1" == netns ]]; then
+  case "$2" in
+    list) cat "$state" ;;
+    add) echo "$3" >> "$state" ;;
+    del) { grep -vx "$3" "$state" || true; } > "$state.tmp"; mv "$state.tmp" "$state" ;;
+  esac
+fi
+exit 0
+"""
+
+
+def test_netns_hosts_up_leaves_no_namespace_on_a_bad_host_argument(tmp_path):
+    """`up` validates HOST=OCTET inside the creation loop and `die` (exit 2) does not fire
+    the ERR trap: `up ... link=1 node_1=11` leaves P-sw and P-link behind, and the next
+    `up` refuses with 'already exist'."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "ip").write_text(FAKE_IP)
+    (fake_bin / "ip").chmod(0o755)
+    state = tmp_path / "netns"
+    env = dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}", FAKE_IP_STATE=str(state))
+    r = subprocess.run([str(DEPLOY / "netns-hosts.sh"), "up", "--prefix", "rv", "--subnet", "10.213.9",
+                        "link=1", "node_1=11"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0
+    left = state.read_text().split() if state.exists() else []
+    assert not left, f"rejected `up` left namespaces behind: {left}"
