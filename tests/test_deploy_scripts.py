@@ -76,19 +76,23 @@ def test_ci_cleanup_spares_processes_it_did_not_start(tmp_path):
     text = (ROOT / ".ci/run").read_text()
     m = re.search(r"^cleanup\(\) \{\n.*?^\}\n", text, re.S | re.M)
     assert m, "no cleanup() in .ci/run"
-    repo = tmp_path / "repo"
+    repo, tag = tmp_path / "repo", f"test-{os.getpid()}-{time.time_ns()}"
+    base = {k: v for k, v in os.environ.items() if k != "PRIVFED_CI_TAG"}  # under CI: never our own run's tag
     victim = subprocess.Popen(["sleep", "120"], start_new_session=True,
-                              env=dict(os.environ, FLWR_HOME=f"{repo}/.flwr/deploy/superlink"))
+                              env=dict(base, FLWR_HOME=f"{repo}/.flwr/deploy/superlink"))
+    started = subprocess.Popen(["sleep", "120"], start_new_session=True, env=dict(base, PRIVFED_CI_TAG=tag))
     try:
         time.sleep(0.2)
         subprocess.run(["bash", "-c", m.group(0) + "cleanup\n"], timeout=30,
-                       env=dict(os.environ, FLWR_HOME=f"{repo}/.flwr"))
+                       env=dict(base, FLWR_HOME=f"{repo}/.flwr", PRIVFED_CI_TAG=tag))
         time.sleep(0.3)
         assert victim.poll() is None, "cleanup() killed a process that .ci/run did not start"
+        assert started.poll() is not None, "cleanup() left a process that .ci/run started"
     finally:
-        if victim.poll() is None:
-            victim.kill()
-        victim.wait(timeout=10)
+        for proc in (victim, started):
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(timeout=10)
 
 
 # --- make-certs.sh -----------------------------------------------------------------
