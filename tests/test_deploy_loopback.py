@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 
 import pytest
+from deploy_helpers import BIN, alive, offline_env
 
 yaml = pytest.importorskip("yaml")
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-BIN = Path(sys.executable).parent
 RUN_CONFIG = "num-clients=3 num-rounds=3"
 
 pytestmark = [
@@ -39,15 +39,6 @@ pytestmark = [
     pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl not installed"),
     pytest.mark.skipif(not (BIN / "flower-superlink").exists(), reason="flwr not installed"),
 ]
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.update(FLWR_DISABLE_UPDATE_CHECK="1", FLWR_TELEMETRY_ENABLED="0",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    env.update(extra)
-    return env
 
 
 def _free_ports(n: int, lo: int = 18000, hi: int = 18999) -> list[int]:
@@ -81,18 +72,6 @@ def _tree(pid: int) -> list[int]:
     return seen
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie of ours counts as dead
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
 def _kill_trees(procs: list[subprocess.Popen]) -> None:
     pids = [p for proc in procs if proc.poll() is None for p in _tree(proc.pid)]
     for pid in pids:
@@ -101,10 +80,10 @@ def _kill_trees(procs: list[subprocess.Popen]) -> None:
         except ProcessLookupError:
             pass
     deadline = time.time() + 10
-    while time.time() < deadline and any(_alive(p) for p in pids):
+    while time.time() < deadline and any(alive(p) for p in pids):
         time.sleep(0.2)
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
     for proc in procs:
         try:
@@ -116,7 +95,7 @@ def _kill_trees(procs: list[subprocess.Popen]) -> None:
 def _flwr_run(connection: str, cli_home: Path, timeout: int = 420) -> subprocess.CompletedProcess:
     return subprocess.run(
         [str(BIN / "flwr"), "run", ".", connection, "--stream", "--run-config", RUN_CONFIG],
-        cwd=ROOT, env=_env(FLWR_HOME=str(cli_home)), capture_output=True, text=True, timeout=timeout,
+        cwd=ROOT, env=offline_env(FLWR_HOME=str(cli_home)), capture_output=True, text=True, timeout=timeout,
     )
 
 
@@ -137,7 +116,7 @@ def test_local_federation_script_tls_node_auth(tmp_path):
     run_dir, certs, cli_home = tmp_path / "run", tmp_path / "certs", tmp_path / "cli"
     script = str(DEPLOY / "local-federation.sh")
     common = ["--run-dir", str(run_dir)]
-    env = _env(FLWR_HOME=str(cli_home))
+    env = offline_env(FLWR_HOME=str(cli_home))
     t0 = time.time()
     try:
         r = subprocess.run([script, "start", "-n", "3", "--port", str(link_port), "--node-port-base",
@@ -180,7 +159,7 @@ def test_local_federation_script_tls_node_auth(tmp_path):
     assert r.returncode == 0, r.stderr
     assert not (run_dir / "pids").exists()
     for pid in pids:
-        assert not _alive(pid), f"pid {pid} survived stop"
+        assert not alive(pid), f"pid {pid} survived stop"
     leftovers = subprocess.run(["pgrep", "-f", str(run_dir)], capture_output=True, text=True).stdout.split()
     assert not leftovers, f"processes left behind: {leftovers}"
 
@@ -254,7 +233,7 @@ def test_compose_tls_command_lines_on_loopback(tmp_path):
     def start(name: str) -> None:
         wd = tmp_path / name / "app"  # stands in for the image's WORKDIR /app
         wd.mkdir(parents=True)
-        env = _env(FLWR_HOME=str(tmp_path / name / "flwr-home"),
+        env = offline_env(FLWR_HOME=str(tmp_path / name / "flwr-home"),
                    **{k: str(v) for k, v in svcs[name].get("environment", {}).items()})
         log = open(tmp_path / f"{name}.log", "w")
         procs.append(subprocess.Popen(argv(name, svcs[name]), cwd=wd, env=env, stdout=log,
@@ -268,7 +247,7 @@ def test_compose_tls_command_lines_on_loopback(tmp_path):
         for i in (1, 2, 3):
             for attempt in range(20):
                 r = subprocess.run([str(BIN / "flwr"), "supernode", "register", str(certs / f"supernode-{i}.pub"),
-                                    "privfed-docker"], env=_env(FLWR_HOME=str(cli_home)),
+                                    "privfed-docker"], env=offline_env(FLWR_HOME=str(cli_home)),
                                    capture_output=True, text=True, timeout=60)
                 if r.returncode == 0:
                     break

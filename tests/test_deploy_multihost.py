@@ -43,10 +43,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from deploy_helpers import BIN, offline_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-BIN = Path(sys.executable).parent
 STEPS = 2
 ROUND_TIMEOUT = 45.0
 RUN = {"num-clients": 3, "num-rounds": 4, "seed": 7, "privacy": "dpsgd", "local-steps": STEPS,
@@ -76,15 +76,6 @@ pytestmark = [
 # --- processes ---------------------------------------------------------------------
 
 
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.update(FLWR_DISABLE_UPDATE_CHECK="1", FLWR_TELEMETRY_ENABLED="0",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    env.update(extra)
-    return env
-
-
 def _tree(pid: int) -> list[int]:
     todo, seen = [pid], []
     while todo:
@@ -93,13 +84,6 @@ def _tree(pid: int) -> list[int]:
         out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(p)], capture_output=True, text=True).stdout
         todo.extend(int(x) for x in out.split())
     return seen
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _kill(pids: list[int], sig=signal.SIGKILL) -> None:
@@ -145,7 +129,7 @@ class Federation:
 
     def popen(self, name: str, host: str, argv: list[str], **env) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "a")
-        proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv], cwd=self.tmp, env=_env(**env),
+        proc = subprocess.Popen(["ip", "netns", "exec", self.ns(host), *argv], cwd=self.tmp, env=offline_env(**env),
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc
         return proc
@@ -156,7 +140,7 @@ class Federation:
 
     def flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         return subprocess.run(["ip", "netns", "exec", self.ns("link"), str(BIN / "flwr"), *args], cwd=ROOT,
-                              env=_env(FLWR_HOME=str(self.cli_home)), capture_output=True, text=True,
+                              env=offline_env(FLWR_HOME=str(self.cli_home)), capture_output=True, text=True,
                               timeout=timeout)
 
     def flwr_run_argv(self, cfg: dict) -> list[str]:
@@ -165,7 +149,7 @@ class Federation:
                 "--run-config", rc]
 
     def flwr_run(self, cfg: dict, timeout: float = 420) -> subprocess.CompletedProcess:
-        return subprocess.run(self.flwr_run_argv(cfg), cwd=ROOT, env=_env(FLWR_HOME=str(self.cli_home)),
+        return subprocess.run(self.flwr_run_argv(cfg), cwd=ROOT, env=offline_env(FLWR_HOME=str(self.cli_home)),
                               capture_output=True, text=True, timeout=timeout)
 
     def start_supernode(self, i: int, key: Path | None = None, port: int = 9094, name: str | None = None):
@@ -282,7 +266,7 @@ def run_scenario(fed: Federation, cfg: dict) -> dict:
 
     def start(log: str) -> subprocess.Popen:
         fh = open(fed.tmp / f"{log}.log", "w")
-        proc = subprocess.Popen(fed.flwr_run_argv(cfg), cwd=ROOT, env=_env(FLWR_HOME=str(fed.cli_home)),
+        proc = subprocess.Popen(fed.flwr_run_argv(cfg), cwd=ROOT, env=offline_env(FLWR_HOME=str(fed.cli_home)),
                                 stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
         fed.procs[log] = proc
         return proc
@@ -420,7 +404,7 @@ def test_superlink_killed_and_restarted_resumes(fed):
     cfg = run_config(**{"run-name": "mh-link"})
     ckpt_path = fed.results / "checkpoints" / "mh-link.ckpt.npz"
     log = open(fed.tmp / "mh-link-first.log", "w")
-    first = subprocess.Popen(fed.flwr_run_argv(cfg), cwd=ROOT, env=_env(FLWR_HOME=str(fed.cli_home)),
+    first = subprocess.Popen(fed.flwr_run_argv(cfg), cwd=ROOT, env=offline_env(FLWR_HOME=str(fed.cli_home)),
                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     fed.procs["mh-link-first"] = first
     _wait_round(fed, first, "mh-link-first", ckpt_path, 1, 400)

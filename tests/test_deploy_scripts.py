@@ -13,35 +13,14 @@ import signal
 import socket
 import stat
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from deploy_helpers import BIN, alive, offline_env
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
-BIN = Path(sys.executable).parent
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"
-    env.update(FLWR_DISABLE_UPDATE_CHECK="1", FLWR_TELEMETRY_ENABLED="0",
-               FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION="1")
-    env.update(extra)
-    return env
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
 
 
 def _free_port() -> int:
@@ -62,7 +41,7 @@ def _stop_federation(run_dir: Path, env: dict[str, str]) -> None:
     subprocess.run([str(DEPLOY / "local-federation.sh"), "stop", "--run-dir", str(run_dir)],
                    env=env, capture_output=True, text=True, timeout=60)
     for pid in pids:
-        if _alive(pid):
+        if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -128,7 +107,7 @@ def test_local_federation_stop_spares_a_reused_pid(tmp_path):
     try:
         (run_dir / "pids").write_text(f"superlink {other.pid}\n")
         subprocess.run([str(DEPLOY / "local-federation.sh"), "stop", "--run-dir", str(run_dir)],
-                       env=_env(FLWR_HOME=str(tmp_path / "home")), capture_output=True, timeout=60)
+                       env=offline_env(FLWR_HOME=str(tmp_path / "home")), capture_output=True, timeout=60)
         time.sleep(0.3)
         assert other.poll() is None, "stop killed a process that is not a Flower process of this run"
     finally:
@@ -146,7 +125,7 @@ def test_local_federation_failed_start_leaves_nothing_running(tmp_path):
     home.mkdir()
     (home / "config.toml").write_text("this is = = not toml\n")
     run_dir = tmp_path / "run"
-    env = _env(FLWR_HOME=str(home))
+    env = offline_env(FLWR_HOME=str(home))
     try:
         r = subprocess.run([str(DEPLOY / "local-federation.sh"), "start", "-n", "1",
                             "--port", str(_free_port()), "--node-port-base", str(_free_port()),
@@ -155,7 +134,7 @@ def test_local_federation_failed_start_leaves_nothing_running(tmp_path):
                            env=env, capture_output=True, text=True, timeout=120)
         assert r.returncode != 0, r.stdout + r.stderr
         time.sleep(0.5)
-        left = [p for p in _recorded_pids(run_dir) if _alive(p)]
+        left = [p for p in _recorded_pids(run_dir) if alive(p)]
         assert not left, f"failed start left recorded processes running: {left}"
     finally:
         _stop_federation(run_dir, env)
@@ -171,7 +150,7 @@ def test_local_federation_refuses_a_port_already_in_use(tmp_path):
     listener.listen(64)
     port = listener.getsockname()[1]
     run_dir = tmp_path / "run"
-    env = _env(FLWR_HOME=str(tmp_path / "home"))
+    env = offline_env(FLWR_HOME=str(tmp_path / "home"))
     proc = subprocess.Popen([str(DEPLOY / "local-federation.sh"), "start", "-n", "1",
                              "--port", str(port), "--node-port-base", str(_free_port()),
                              "--run-dir", str(run_dir), "--certs", str(tmp_path / "certs"),
