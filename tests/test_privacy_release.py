@@ -124,6 +124,17 @@ def test_runs_from_before_the_key_are_not_stale():
     assert _same_run(plain, {**plain, "dp-noise-seed": "secret"})
 
 
+def test_a_new_default_of_a_key_the_run_never_used_leaves_it_finished():
+    """output-sensitivity's default changed (paper -> ball): a finished non-output run is not redone, an
+    output-perturbation run is."""
+    from server.report import _same_run
+
+    plain = dict(validate({}))
+    assert _same_run({**plain, "output-sensitivity": "paper"}, plain)
+    output = dict(validate(OUTPUT))
+    assert not _same_run({**output, "output-sensitivity": "paper"}, {**output, "output-sensitivity": "ball"})
+
+
 # --- item: only data-independent metrics leave a private client -----------------------------------
 def _with_loss(client, content, state):
     return RecordDict({ARRAYS: content[ARRAYS], METRICS: MetricRecord(
