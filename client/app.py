@@ -15,7 +15,7 @@ from client.updates import update_rule
 from common.evaluation import evaluate
 from common.privacy.ali import GRAD_DIFF_METRIC
 from common.privacy.plan import is_private, local_epochs, local_steps
-from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, arrays_to_state_dict, load_arrays
+from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, fitting_state, load_arrays
 
 app = ClientApp()
 
@@ -101,10 +101,7 @@ def check_instruction(client, content: RecordDict) -> None:
             raise ValueError(f"the instruction's {key!r} must be a non-negative integer, got {value!r}")
     if "server-round" not in instruction:
         raise ValueError("the instruction has no 'server-round'")
-    expected = client.model.state_dict()
-    received = arrays_to_state_dict(content[ARRAYS])
-    if received.keys() != expected.keys() or any(v.shape != expected[k].shape for k, v in received.items()):
-        raise ValueError("the instruction's model does not match this run's model (names or shapes)")
+    received = fitting_state(client.model, content[ARRAYS])
     if not all(bool(torch.isfinite(v).all()) for v in received.values() if v.is_floating_point()):
         raise ValueError("the instruction's model holds NaN or infinite values")
     if "local-epochs" in instruction:

@@ -29,6 +29,11 @@ def arrays_to_state_dict(arrays: ArrayRecord) -> "OrderedDict[str, torch.Tensor]
 
 def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
     """Copy `arrays` into `model`; raise ValueError on a missing, extra or misshapen entry."""
+    model.load_state_dict(fitting_state(model, arrays))
+
+
+def fitting_state(model: torch.nn.Module, arrays: ArrayRecord) -> "OrderedDict[str, torch.Tensor]":
+    """`arrays` as a state dict for `model`; ValueError on a missing, extra or misshapen entry."""
     state = model.state_dict()
     incoming = arrays_to_state_dict(arrays)
     if incoming.keys() != state.keys():
@@ -37,7 +42,7 @@ def load_arrays(model: torch.nn.Module, arrays: ArrayRecord) -> None:
     for key, tensor in incoming.items():
         if tensor.shape != state[key].shape:
             raise ValueError(f"array {key!r} has shape {tuple(tensor.shape)}, model expects {tuple(state[key].shape)}")
-    model.load_state_dict(incoming)
+    return incoming
 
 
 def arrays_to_vector(arrays: ArrayRecord) -> np.ndarray:
