@@ -132,3 +132,23 @@ def test_bytes_halved_for_other_bases(tmp_path, strategy):
                                              "run-name": "u"})
     assert 2 * sum(r["bytes_up"] for r in upcycled) == sum(r["bytes_up"] for r in vanilla)
     assert [r["clients"] for r in upcycled] == [3, 0, 3, 0]
+
+
+def _failing_rule(*_args, **_kwargs):
+    raise RuntimeError("disk full")
+
+
+@pytest.mark.parametrize("upcycled", [False, True], ids=["vanilla", "upcycled"])
+def test_a_run_whose_every_client_update_fails_is_an_error_with_or_without_upcycled(tmp_path, monkeypatch,
+                                                                                      upcycled):
+    """Every client fails every training round: the run is an error, not a result. Under Upcycled-FL
+    the even round after an empty odd round used to hand back a copy of the model, which the runner
+    counted as an update, so the untrained initial model was written out as the result."""
+    import client.updates.sgd as sgd
+    from server.inprocess import run_inprocess
+
+    monkeypatch.setattr(sgd, "sgd_update", _failing_rule)
+    config = validate({"num-rounds": 2, "num-clients": 2, "dataset": "synthetic", "upcycled": upcycled,
+                       "results-dir": str(tmp_path / "results"), "run-name": f"fail-{upcycled}"})
+    with pytest.raises(RuntimeError, match="no round updated the model"):
+        run_inprocess(config, console=Console(file=io.StringIO()), threads=1)

@@ -26,8 +26,9 @@ follow the authors' code):
 * Client draws: the base keys sampling, stragglers and client minibatch
   seeds on the training-round index, mapped here m = (t + 1) // 2, so vanilla
   round m and Upcycled round 2m-1 see identical draws.
-* If the odd round produced no usable reply the model did not move and the
-  even round copies it (w_2m-1 = w_2m-2).
+* If the odd round produced no usable reply the model did not move
+  (w_2m-1 = w_2m-2), and the even round reports no update either: a run in
+  which no client ever trained must not look as if it had.
 * Federated evaluation is delegated on odd rounds and skipped on even ones
   (no client receives any message on an even round).
 """
@@ -75,6 +76,7 @@ class Upcycled(Strategy):
             base.round_map = training_round
         self._before: ArrayRecord | None = None  # w_2m-2: what the base trained from in round 2m-1
         self._after: ArrayRecord | None = None  # w_2m-1: the model handed in on round 2m
+        self._odd_moved = True  # did round 2m-1 aggregate anything
         self.thetas: dict[int, float] = {}
 
     @staticmethod
@@ -92,11 +94,13 @@ class Upcycled(Strategy):
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if not self.is_even(server_round):
-            return self.base.aggregate_train(server_round, replies)
+            result = self.base.aggregate_train(server_round, replies)
+            self._odd_moved = result[0] is not None
+            return result
         stray = list(replies)
         if stray:
             self.log(f"round {server_round}: ignoring {len(stray)} replies on an even (server-only) round")
-        if self._after is None:
+        if self._after is None or not self._odd_moved:
             return None, None
         m = server_round // 2
         theta = self.theta(m)
