@@ -35,6 +35,9 @@ def entry() -> int:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at interpreter exit
         return 1
+    except KeyboardInterrupt:  # every round written so far is kept (and a checkpointed run resumes)
+        print("privfed: interrupted; what was written before is kept", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -61,8 +61,14 @@ def main(args: argparse.Namespace) -> int:
         print(f"privfed report: error: no finished runs (summary.json) or suites (suite.json) under "
               f"{', '.join(args.dirs)}", file=sys.stderr)
         return 2
+    reported, shown = 0, []
     for suite_dir in suites:
-        md, results = render_report(suite_dir, plots=not args.no_plots)
+        try:
+            md, results = render_report(suite_dir, plots=not args.no_plots)
+        except (OSError, ValueError, KeyError, TypeError) as err:  # ConfigError and JSONDecodeError too
+            print(f"privfed report: skipped suite {suite_dir}: unreadable suite.json ({err})", file=sys.stderr)
+            continue
+        reported += 1
         console.print(f"[bold]{suite_dir.name}[/]")
         _print_table(console, results)
         console.print(f"privfed report: {md} and {md.with_suffix('.csv')}")
@@ -70,7 +76,6 @@ def main(args: argparse.Namespace) -> int:
         table = Table(title="runs", title_justify="left")
         for col in ("run", "seed", "accuracy", "loss", "epsilon", "rounds", "seconds"):
             table.add_column(col, justify="left" if col == "run" else "right", overflow="fold")
-        shown = []
         for run in runs:
             try:
                 s = read_summary(run)
@@ -89,4 +94,4 @@ def main(args: argparse.Namespace) -> int:
                           str(s["rounds"]), fmt(s["wall"], ".1f"))
         console.print(table)
         print_epsilon_notes(console, shown)
-    return 0
+    return 0 if reported + len(shown) else 1  # everything found was unreadable

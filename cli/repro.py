@@ -8,7 +8,7 @@ the seeds (format: `server/report.py`). Every (cell, seed) is one in-process
 run in `<out>/<suite>/<row>__<column>/s<seed>/`; finished runs (their
 `summary.json` exists, written for the same config) are skipped, so an
 interrupted suite resumes. The report (`report.md`, `report.csv`, `plots/`)
-aggregates every finished seed of every cell (mean ± std) beside the paper's
+aggregates the finished runs of every cell's seeds (mean ± std) beside the paper's
 number.
 
 `--jobs N` runs N runs at once in worker processes (each with 1 torch
@@ -145,10 +145,14 @@ def main(args: argparse.Namespace) -> int:
         suite_dir = out_dir / suite.name
         todo, done = plan(suite, out_dir, args.filter)
         _preflight(todo)
+        write_snapshot(load_suite(args.suite), suite_dir)  # the full suite, for `privfed report`
     except (ConfigError, DataFileError) as e:
         print(f"privfed repro: error: {e}", file=sys.stderr)
         return 2
-    write_snapshot(load_suite(args.suite), suite_dir)  # the full suite, for `privfed report`
+    except OSError as e:  # --out under a file, or not writable
+        print(f"privfed repro: error: cannot write the suite's results under {args.out}: {e.strerror or e}",
+              file=sys.stderr)
+        return 2
 
     console.print(f"privfed repro: suite [bold]{suite.name}[/]: {len(cells)} cell(s), "
                   f"{len(todo) + len(done)} run(s): {len(done)} finished, {len(todo)} to run, {args.jobs} job(s); "

@@ -23,7 +23,6 @@ default name that is taken gets a suffix (`-2`, ...).
 from __future__ import annotations
 
 import argparse
-import itertools
 import json
 import math
 import os
@@ -154,7 +153,7 @@ def preflight_data(config) -> None:
 def claim_results(runs: list[dict[str, Any]], config, per_seed: bool) -> list[dict[str, Any]]:
     """`runs` with results folders of their own: an earlier run's results are never overwritten.
     `per_seed`: runs of --seeds, named <name>-s<seed>."""
-    from server.results import default_run_name, refuse_taken
+    from server.results import claim_run_names, default_run_name, refuse_taken
 
     if config["checkpoint"]:  # the same run-name resumes that run (the runner refuses an empty one)
         return runs
@@ -163,29 +162,9 @@ def claim_results(runs: list[dict[str, Any]], config, per_seed: bool) -> list[di
         for run in runs:
             refuse_taken(root / str(run["run-name"]))
         return runs
-    stem = default_run_name(config)  # a timestamp: runs started in the same second share it
-    for base in itertools.chain([stem], (f"{stem}-{i}" for i in itertools.count(2))):
-        names = [f"{base}-s{run['seed']}" if per_seed else base for run in runs]
-        if _claim([root / name for name in names]):
-            return [{**run, "run-name": name} for run, name in zip(runs, names)]
-    raise AssertionError("unreachable: the name candidates never end")
-
-
-def _claim(folders: list[Path]) -> bool:
-    from common.config import ConfigError
-
-    made = []
-    try:
-        for folder in folders:
-            folder.mkdir(parents=True)  # no exist_ok: atomic against a concurrent privfed run
-            made.append(folder)
-    except FileExistsError:
-        for folder in made:
-            folder.rmdir()
-        return False
-    except OSError as err:
-        raise ConfigError(f"cannot create results folder {folder}: {err.strerror or err}") from None
-    return True
+    suffixes = [f"-s{run['seed']}" for run in runs] if per_seed else [""]
+    base = claim_run_names(root, default_run_name(config), suffixes)
+    return [{**run, "run-name": base + suffix} for run, suffix in zip(runs, suffixes)]
 
 
 # --- one run -------------------------------------------------------------------

@@ -24,6 +24,7 @@ from typing import Callable, Mapping
 from flwr.app import ArrayRecord, RecordDict
 
 from client.privacy import state_dir
+from client.secagg import STATE as SECAGG_STATE
 from common.checkpoint_file import CheckpointError, load_checkpoint, save_checkpoint
 from common.records import CONFIG
 
@@ -99,6 +100,11 @@ def resumable(rule: Rule, folder: Path | None) -> Rule:
         if not any(isinstance(value, ArrayRecord) for value in state.values()):
             restore(folder, lineage, server_round, state)
         reply = rule(client, content, state)
+        unsaved = sorted(key for key, value in state.items() if not isinstance(value, ArrayRecord)
+                         and key != SECAGG_STATE)  # secure aggregation's keys never go to disk
+        if unsaved:  # a resumed node would silently start them afresh
+            raise TypeError(f"the update rule keeps {unsaved} in Context.state as other records than "
+                            "ArrayRecords: only ArrayRecords survive a resume (client/resume.py)")
         save(folder, lineage, server_round, state)
         return reply
 

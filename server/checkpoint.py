@@ -51,6 +51,7 @@ chain are recorded; a resume with another strategy is refused.
 
 from __future__ import annotations
 
+import copy
 import re
 import secrets
 from pathlib import Path
@@ -64,6 +65,7 @@ from common.checkpoint_file import UNREADABLE, CheckpointError, load_checkpoint,
 from common.config import ConfigError
 from common.privacy.ledger import PrivacyLedger
 from server.replies import arrays_problem
+from server.strategies.chain import wrapper_chain
 
 FORMAT, VERSION = "privfed-checkpoint", 2  # 2: with the lineage token
 # keys that may differ between the interrupted run and the resumed one (not num-rounds: strategies
@@ -84,17 +86,8 @@ AFRESH = "start the run afresh under another run-name"
 # --- strategy state ------------------------------------------------------------
 
 
-def _chain(strategy) -> list:
-    """The strategy and the bases it wraps (Upcycled -> FedAvg ...), outermost first."""
-    out, s = [], strategy
-    while s is not None and all(s is not o for o in out):
-        out.append(s)
-        s = getattr(s, "base", None)
-    return out
-
-
 def strategy_classes(strategy) -> list[str]:
-    return [type(s).__name__ for s in _chain(strategy)]
+    return [type(s).__name__ for s in wrapper_chain(strategy)]
 
 
 def _is_data(v: Any) -> bool:
@@ -129,7 +122,7 @@ def load_auto_state(obj, state: Mapping[str, Any], exclude: frozenset[str] | set
     if wrong:  # checked before any is set: a refused state changes nothing
         raise CheckpointError(f"the state of {type(obj).__name__} has values of the wrong type for {wrong}")
     for k, v in state.items():
-        setattr(obj, k, v)
+        setattr(obj, k, _as_container_of(saved[k], v))
 
 
 def _kind(v: Any) -> Any:
@@ -140,17 +133,33 @@ def _kind(v: Any) -> Any:
         return "number"
     if isinstance(v, (list, tuple)):
         return "sequence"
+    if isinstance(v, dict):  # the file holds a defaultdict, OrderedDict or Counter as a dict
+        return dict
+    if isinstance(v, (set, frozenset)):
+        return set
     return type(v)
+
+
+def _as_container_of(current: Any, loaded: Any) -> Any:
+    """`loaded` in the container type of the attribute it replaces (a defaultdict keeps its factory)."""
+    if isinstance(current, dict) and type(current) is not dict and isinstance(loaded, dict):
+        restored = copy.copy(current)
+        restored.clear()
+        restored.update(loaded)
+        return restored
+    if isinstance(current, (set, frozenset)) and isinstance(loaded, (set, frozenset)):
+        return type(current)(loaded)
+    return loaded
 
 
 def strategy_state(strategy) -> list[dict[str, Any]]:
     """One state per level of the wrapper chain: `state_dict()` where defined, else `auto_state`."""
     return [s.state_dict() if callable(getattr(s, "state_dict", None)) else auto_state(s)
-            for s in _chain(strategy)]
+            for s in wrapper_chain(strategy)]
 
 
 def load_strategy_state(strategy, states: list[Mapping[str, Any]]) -> None:
-    for s, state in zip(_chain(strategy), states, strict=True):
+    for s, state in zip(wrapper_chain(strategy), states, strict=True):
         if callable(getattr(s, "load_state_dict", None)):
             s.load_state_dict(dict(state))
         else:

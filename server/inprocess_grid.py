@@ -11,9 +11,10 @@ message, from another node) is dropped, as Flower's SuperLink refuses to store
 it: the server sees no reply.
 
 `workers = 1` runs clients one after another in this process. `workers = N`
-runs them in N worker processes (spawned; each with `cpu_count // N` torch
-threads); each node is pinned to one worker so its `Context.state` lives on
-between messages. Results do not depend on `workers`.
+runs them in N worker processes (spawned; each with this process's torch
+thread count, which `run_inprocess` sets: a float sum depends on how many
+threads split it); each node is pinned to one worker so its `Context.state`
+lives on between messages. Results do not depend on `workers`.
 
 Timeouts (`send_and_receive(..., timeout=T)`): replies that are not ready
 within T seconds are dropped, as in Flower. With `workers = 1` a running
@@ -134,7 +135,9 @@ class InProcessGrid(Grid):
 
     def _start_workers(self, spec: str) -> None:
         ctx = multiprocessing.get_context("spawn")  # torch and fork do not mix
-        threads = max(1, (multiprocessing.cpu_count() or 1) // self.workers)
+        import torch
+
+        threads = torch.get_num_threads()  # as in this process: the same numbers as workers = 1
         self._pool_of: dict[int, ProcessPoolExecutor] = {}
         self._last_task: dict[ProcessPoolExecutor, Future] = {}  # one worker each, FIFO: busy while not done
         for w in range(self.workers):

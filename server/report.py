@@ -444,7 +444,8 @@ class CellResult:
 
 
 def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
-    """Every cell's finished runs under `suite_dir` (any seed folder whose config is the cell's)."""
+    """Every cell's finished runs under `suite_dir` (a folder of one of the cell's seeds whose config is
+    the cell's: a seed dropped from the suite leaves the report, a `--seeds N` check keeps the others)."""
     metric = METRICS[suite.metric]
     out = []
     for cell in suite.cells:
@@ -455,7 +456,7 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
             if not run_dir.name[1:].isdigit():
                 continue
             seed = int(run_dir.name[1:])
-            if not run_is_finished(run_dir, cell, seed):
+            if seed not in cell.seeds or not run_is_finished(run_dir, cell, seed):
                 continue
             rows = read_rows(run_dir)
             summary = json.loads((run_dir / "summary.json").read_text())

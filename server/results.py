@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import platform
@@ -27,6 +28,32 @@ def package_versions() -> dict[str, str]:
 
 def default_run_name(config: Mapping[str, Any]) -> str:
     return f"{config['strategy']}-{config['dataset']}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def claim_run_names(root: Path, stem: str, suffixes: list[str]) -> str:
+    """The first base of stem, stem-2, stem-3, ... for which every folder root/<base><suffix> can be made
+    now, made: a default name is a timestamp, which runs started in the same second share."""
+    for base in itertools.chain([stem], (f"{stem}-{i}" for i in itertools.count(2))):
+        if _claim([root / f"{base}{suffix}" for suffix in suffixes]):
+            return base
+    raise AssertionError("unreachable: the name candidates never end")
+
+
+def _claim(folders: list[Path]) -> bool:
+    from common.config import ConfigError
+
+    made = []
+    try:
+        for folder in folders:
+            folder.mkdir(parents=True)  # no exist_ok: atomic against a concurrent run
+            made.append(folder)
+    except FileExistsError:
+        for folder in made:
+            folder.rmdir()
+        return False
+    except OSError as err:
+        raise ConfigError(f"cannot create results folder {folder}: {err.strerror or err}") from None
+    return True
 
 
 def holds_run(run_dir: Path) -> bool:

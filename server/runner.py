@@ -7,12 +7,14 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Iterable
 
 import torch
+from flwr.app import Message
 from flwr.serverapp import Grid
 from rich.console import Console
 
-from common.config import RunConfig, resolve_model_name
+from common.config import ConfigError, RunConfig, resolve_model_name
 from common.data import load_test_set, load_federation
 from common.evaluation import evaluate, pick_device
 from common.models import build_model
@@ -25,8 +27,9 @@ from server.report import epsilon_note
 from server.metered_grid import MeteredGrid
 from server.polling_grid import with_polling
 from server.privacy_mirror import PrivacyMirror
-from server.results import ResultsWriter, default_run_name, package_versions, refuse_taken
+from server.results import ResultsWriter, claim_run_names, default_run_name, package_versions, refuse_taken
 from server.roster import enroll
+from server.strategies.chain import declared
 from server.strategies.registry import build_strategy
 
 
@@ -34,13 +37,25 @@ def initial_model(config: RunConfig) -> torch.nn.Module:
     federation = load_federation(config)
     torch.manual_seed(int(config["seed"]))
     name = resolve_model_name(str(config["model"]), str(config["dataset"]))
-    return build_model(name, federation.input_shape, federation.num_classes)
+    model = build_model(name, federation.input_shape, federation.num_classes)
+    buffers = [n for n, _ in model.named_buffers()]
+    if buffers:  # e.g. BatchNorm's running statistics and its int64 num_batches_tracked
+        raise ConfigError(f"model {name!r} holds buffers ({', '.join(buffers[:3])}{', ...' if len(buffers) > 3 else ''}): "
+                          "privfed's strategies treat every array of the model as a trained parameter (FedDyn, "
+                          "SCAFFOLD and FedYogi step them, Opacus cannot clip them): use GroupNorm or LayerNorm, "
+                          "as the built-in models do")
+    return model
 
 
 def spent_text(row: dict, digits: int) -> str:
     """A round row's epsilon_max; results files hold an unbounded epsilon (inf) as null."""
     eps = row["epsilon_max"]
     return f"{eps:.{digits}f}" if eps is not None and math.isfinite(eps) else "inf (no finite bound)"
+
+
+def finite_text(value: float | None, digits: int) -> str:
+    """A row's number; results files hold a NaN or infinite loss (a diverged model) as null."""
+    return f"{value:.{digits}f}" if value is not None and math.isfinite(value) else "not finite"
 
 
 def extra_train_metrics(metrics) -> dict:
@@ -95,6 +110,13 @@ def planned_by_partition(config, roster, messages) -> dict[int, list]:
     return planned
 
 
+def in_sent_order(messages: list[Message], replies: Iterable[Message]) -> list[Message]:
+    """The replies in the order of their nodes' instructions. Flower's grids return them as they arrive,
+    and a float32 weighted sum depends on the order: without this two runs of one seed differ."""
+    position = {m.metadata.dst_node_id: i for i, m in enumerate(messages)}
+    return sorted(replies, key=lambda r: position.get(r.metadata.src_node_id, len(position)))
+
+
 def instructed(grid: Grid, metered: MeteredGrid) -> set[int] | None:
     """The nodes the round's train instructions reached (None: all). Secure aggregation sends none to a
     node it leaves out (not enrolled, excluded) and none at all when too few nodes are usable."""
@@ -110,8 +132,9 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     log = lambda text: console.print(f"privfed: {text}")  # noqa: E731
     started = time.perf_counter()
     checkpointer = Checkpointer(config, log)  # deployment: checkpoint = true needs a run-name
-    run_dir = Path(str(config["results-dir"])).expanduser().resolve() / (
-        str(config["run-name"]) or default_run_name(config))
+    results_root = Path(str(config["results-dir"])).expanduser().resolve()
+    run_dir = results_root / (str(config["run-name"]) or claim_run_names(results_root, default_run_name(config),
+                                                                           [""]))
     if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
         refuse_taken(run_dir)
     metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
@@ -129,7 +152,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     if config["secure-aggregation"]:  # strategy -> SecureAggregationGrid -> MeteredGrid -> grid
         from server.secagg_grid import SecureAggregationGrid, unit_records_for
 
-        if getattr(strategy, "needs_individual_replies", False):
+        if declared(strategy, "needs_individual_replies", False):
             log(f"secure aggregation refused: strategy {config['strategy']!r} needs individual replies")
             raise ValueError(f"secure-aggregation = true cannot run strategy {config['strategy']!r}: it needs "
                              "the individual replies, secure aggregation only yields their weighted sum")
@@ -155,7 +178,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))
         planned = planned_by_partition(config, roster, messages)
         checkpointer.begin_round(server_round, planned)
-        replies = list(grid_for_strategy.send_and_receive(messages, timeout=float(config["round-timeout"])))
+        replies = in_sent_order(messages, grid_for_strategy.send_and_receive(messages,
+                                                                             timeout=float(config["round-timeout"])))
         account_round(planned, strategy, roster, mirror, messages, replies, log,
                       instructed(grid_for_strategy, metered))
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
@@ -215,7 +239,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     writer.save_model(arrays)
     writer.plot_accuracy(f"{config['strategy']} on {config['dataset']}")
     spent = f", epsilon {spent_text(final, 4)} at delta {final['delta']:g}" if "epsilon_max" in final else ""
-    console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {final['loss']:.4f}{spent}")
+    console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {finite_text(final['loss'], 4)}{spent}")
     if mirror.enabled:
         console.print(f"privfed: {epsilon_note(summary)}")
     console.print(f"privfed: results in {writer.run_dir}")

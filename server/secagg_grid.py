@@ -128,6 +128,7 @@ from client.secagg import (
 from common.records import NUM_EXAMPLES
 from common.secagg import EnrollRequest, MaskedUpdate, RoundAborted, SecAggServer
 from server.delegating_grid import DelegatingGrid
+from server.strategies.chain import declared
 
 # Records that enter the sum with weight 1 instead of the client's examples,
 # per strategy (a strategy object may override with `secagg_unit_records`).
@@ -156,10 +157,8 @@ class RoundReport:
 
 
 def unit_records_for(strategy: Any, strategy_name: str) -> tuple[str, ...]:
-    declared = getattr(strategy, "secagg_unit_records", None)
-    if declared is not None:
-        return tuple(declared)
-    return UNIT_RECORDS.get(strategy_name, ())
+    records = declared(strategy, "secagg_unit_records")
+    return tuple(records) if records is not None else UNIT_RECORDS.get(strategy_name, ())
 
 
 class SecureAggregationGrid(DelegatingGrid):

@@ -126,7 +126,9 @@ def synthesise(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, images:
             if param_distance(params, global_w) >= radius:
                 break
             for _ in range(real_batches):
-                seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+                # 62 bits: a 31-bit seed repeats within a run (birthday bound at ~10^4 accesses),
+                # and a repeated seed repeats a DP access's noise and batch
+                seed = int(torch.randint(0, 2**62, (1,), generator=generator))
                 if dp is None:
                     idx = torch.randperm(n, generator=generator)[:batch_size]  # a uniform batch, no repeats
                     g_real, _ = _grads(model, params, x[idx], y[idx], seed, dsa)
@@ -145,7 +147,7 @@ def synthesise(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, images:
             if outer == max_outer - 1:
                 break
             for _ in range(model_steps):
-                seed = int(torch.randint(0, 2**31 - 1, (1,), generator=generator))
+                seed = int(torch.randint(0, 2**62, (1,), generator=generator))
                 g, _ = _grads(model, params, images.detach(), labels, seed, dsa)
                 with torch.no_grad():
                     torch._foreach_add_(params, [gi.detach() for gi in g], alpha=-model_lr)

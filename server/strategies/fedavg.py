@@ -8,6 +8,9 @@ from typing import Callable, Iterable
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
+from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
+from flwr.serverapp.strategy import QFedAvg as FlowerQFedAvg
+from flwr.serverapp.strategy.fedopt import FedOpt as FlowerFedOpt  # not exported
 
 from server.replies import screen
 from server.roster import Roster
@@ -76,6 +79,7 @@ class RosterSampling:
                                        population=len(self.roster.partitions))
         short = straggler_epochs(self.seed, train_round, partitions, self.stragglers, self.local_epochs)
         self._sent = arrays
+        self.keep_current_arrays(arrays)
         common = self.round_config(server_round, config)
         messages = []
         for p in partitions:
@@ -86,6 +90,15 @@ class RosterSampling:
                                  self.configrecord_key: node_config})
             messages.extend(self._construct_messages(record, [self.roster.node_of[p]], MessageType.TRAIN))
         return messages
+
+    def keep_current_arrays(self, arrays: ArrayRecord) -> None:
+        """Record the model the server steps from, as the Flower strategy's own `configure_train` (which
+        this one replaces) does: FedOpt's (FedAdam, FedAdagrad, FedYogi) as numpy arrays, FedAvgM's and
+        QFedAvg's as an ArrayRecord. Every round: a wrapper (Upcycled) moves the model in between."""
+        if isinstance(self, FlowerFedOpt):
+            self.current_arrays = {k: a.numpy() for k, a in arrays.items()}
+        elif isinstance(self, (FlowerFedAvgM, FlowerQFedAvg)):
+            self.current_arrays = arrays.copy()
 
     def extra_records(self, server_round: int) -> dict:
         """Records sent to every sampled node besides the model and config (SCAFFOLD: the global control)."""

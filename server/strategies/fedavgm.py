@@ -23,8 +23,7 @@ from __future__ import annotations
 from typing import Iterable
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
+from flwr.app import Array, ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 
@@ -40,11 +39,6 @@ class FedAvgM(RosterSampling, FlowerFedAvgM):
                          server_momentum=server_momentum)
         self.nesterov = nesterov
         self.setup_sampling(roster, seed, fraction_train, log)
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        self.current_arrays = arrays
-        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
-from flwr.serverapp import Grid
+from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedYogi as FlowerFedYogi
 
 from server.roster import Roster
@@ -32,11 +31,6 @@ class FedYogi(RosterSampling, FlowerFedYogi):
         super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
                          min_available_nodes=len(roster.node_of), eta=eta, beta_1=beta_1, beta_2=beta_2, tau=tau)
         self.setup_sampling(roster, seed, fraction_train, log)
-
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
-                        grid: Grid) -> Iterable[Message]:
-        self.current_arrays = {k: a.numpy() for k, a in arrays.items()}
-        return super().configure_train(server_round, arrays, config, grid)
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
