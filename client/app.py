@@ -14,8 +14,9 @@ from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal
 from client.updates import update_rule
 from common.evaluation import evaluate
 from common.privacy.ali import GRAD_DIFF_METRIC
-from common.privacy.plan import is_private, local_epochs, local_steps
+from common.privacy.plan import is_private, local_epochs, local_steps, planned_entries
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, fitting_state, load_arrays
+from common.seeding import global_torch_rng
 
 app = ClientApp()
 
@@ -35,18 +36,37 @@ def released_metrics(config) -> frozenset[str] | None:
     return PRIVATE_METRICS
 
 
-def private_release(rule, config):
+class UnchargedRelease(RuntimeError):
+    """A private run's rule replied without charging the node's ledger: nothing is released."""
+
+
+def rule_name(rule) -> str:
+    return f"{getattr(rule, '__module__', '?')}.{getattr(rule, '__qualname__', repr(rule))}"
+
+
+def private_release(rule, config, name: str | None = None):
     """`rule`, its reply's metrics cut to `released_metrics` in a private run: every train reply
-    leaves through here, masked or not."""
+    leaves through here, masked or not. A safety net for every mechanism: a reply is refused
+    (`UnchargedRelease`, nothing released) if the rule did not charge the node's ledger although the
+    instruction plans entries (`planned_entries`); the rules charge themselves, after their own checks.
+    `name`: the rule's, for that error (default: `rule`'s own)."""
     allowed = released_metrics(config)
     if allowed is None:
         return rule
+    name = name or rule_name(rule)
 
     def run(client, content: RecordDict, state: RecordDict) -> RecordDict:
+        before = len(client.ledger)  # in memory: only this process's charge reloads and grows it
         reply = rule(client, content, state)
-        for name, record in list(reply.items()):
+        if len(client.ledger) <= before and planned_entries(config, content[CONFIG], dataset_size=client.num_train):
+            raise UnchargedRelease(
+                f"the update rule {name} (privacy {config['privacy']!r}, strategy {config['strategy']!r}) "
+                f"replied without charging this node's privacy ledger: nothing is released. A private rule must "
+                f"call client.privacy.charge(client.ledger, config, planned_entries(config, instruction, "
+                f"dataset_size=client.num_train)) before using the data")
+        for name_, record in list(reply.items()):
             if isinstance(record, MetricRecord):
-                reply[name] = MetricRecord({k: v for k, v in record.items() if k in allowed})
+                reply[name_] = MetricRecord({k: v for k, v in record.items() if k in allowed})
         return reply
     return run
 
@@ -66,9 +86,9 @@ def enroll(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     client = local_client(context)
-    rule = resumable(update_rule(str(client.config["strategy"]), str(client.config["privacy"])),
-                     snapshot_folder(client.config, context.node_config, client.partition))
-    rule = private_release(checked(rule), client.config)
+    base = update_rule(str(client.config["strategy"]), str(client.config["privacy"]))
+    rule = resumable(base, snapshot_folder(client.config, context.node_config, client.partition))
+    rule = private_release(checked(rule), client.config, rule_name(base))
     try:
         if client.config["secure-aggregation"]:  # reply with a masked vector (client/secagg.py)
             return secure_train(rule, client, msg, context)
@@ -81,10 +101,15 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def checked(rule):
-    """`rule`, run only on an instruction `check_instruction` accepts."""
+    """`rule`, run only on an instruction `check_instruction` accepts, with torch's global generators
+    keyed by (run seed, partition, training round): a model's dropout masks draw from them, and they must
+    not depend on what ran before in this process (other nodes, a resumed server, another engine)."""
     def run(client, content: RecordDict, state: RecordDict) -> RecordDict:
         check_instruction(client, content)
-        return rule(client, content, state)
+        instruction = content[CONFIG]
+        train_round = int(instruction.get("train-round", instruction["server-round"]))
+        with global_torch_rng(int(client.config["seed"]), "client-global", client.partition, train_round):
+            return rule(client, content, state)
     return run
 
 

@@ -68,7 +68,12 @@ DEFAULT_MODEL = {  # model = "auto"
 
 
 def resolve_model_name(model: str, dataset: str) -> str:
-    return DEFAULT_MODEL[dataset] if model == "auto" else model
+    if model != "auto":
+        return model
+    if dataset not in DEFAULT_MODEL:  # a dataset added without its entry (docs/extending.md)
+        raise ConfigError(f"model = \"auto\" has no default for dataset {dataset!r}: set model, or add "
+                          "the dataset to DEFAULT_MODEL (common/config.py)")
+    return DEFAULT_MODEL[dataset]
 
 
 MODELS = ("auto", "logreg", "logreg-softmax", "femnist-mlp", "ali-mnist-cnn", "ali-cifar-cnn", "fedavg-cnn",
@@ -76,6 +81,10 @@ MODELS = ("auto", "logreg", "logreg-softmax", "femnist-mlp", "ali-mnist-cnn", "a
 STRATEGIES = ("fedavg", "fedavgm", "fedprox", "scaffold", "feddyn", "pfedme", "fedyogi", "dpfedavg-hu",
               "fedlap")
 STRATEGIES += ("ali-dpfl",)  # ALI-DPFL
+# what upcycled = true cannot wrap, and why (its bases key client draws on the training round)
+NOT_UPCYCLED = {"fedlap": "its clients key their draws on the server round, so vanilla and Upcycled runs would "
+                          "not share them",
+                "ali-dpfl": "it plans tau* over R_s = num-rounds rounds that all train, and even rounds train none"}
 
 SCHEMA: dict[str, Key] = {
     # run
@@ -336,9 +345,37 @@ def validate(raw: Mapping[str, Any]) -> RunConfig:
     return RunConfig(values)
 
 
-# Strategies that privacy = "dpsgd" supports: the DP-SGD rule replaces plain SGD (the FedAvg family) and
-# adds FedProx's proximal term; ALI-DPFL and FedLAP run DP-SGD inside their own rules.
+# Every privacy mechanism (a `privacy` choice other than "none") is declared here, once; its code is
+# registered in client/updates/__init__.py, whose `update_rule` reads these declarations and refuses what
+# they do not allow (this module imports no torch, so the declarations live here).
+# A mechanism that REPLACES the base rule (PRIVATE_RULES) trains on its own, so it lists the strategies
+# whose local rule it implements: with any other strategy it would silently drop that strategy's local
+# correction (FedDyn's, SCAFFOLD's, pFedMe's) while the server aggregates as if the clients had applied
+# it. DP-SGD replaces plain SGD (the FedAvg family) and adds FedProx's proximal term; ALI-DPFL and FedLAP
+# run DP-SGD inside their own rules.
 DPSGD_STRATEGIES = ("fedavg", "fedavgm", "fedyogi", "fedprox", "ali-dpfl", "fedlap")
+PRIVATE_RULE_STRATEGIES: dict[str, tuple[str, ...]] = {"dpsgd": DPSGD_STRATEGIES}
+# A mechanism that WRAPS the base rule (PRIVATE_WRAPPERS) keeps every strategy's own rule; it protects
+# only the model in the reply, so a base rule's reply holding any other record is refused on the node
+# (client/updates/__init__.py refuse_unprotected); a strategy known to reply with one is refused below,
+# before any charge (SCAFFOLD's control-delta, _check_upcycled_private).
+PRIVATE_WRAPPER_MECHANISMS: tuple[str, ...] = ("output", "objective")
+
+
+def _check_privacy_mechanism(v: Mapping[str, Scalar]) -> None:
+    """The run's mechanism is declared, and (if it replaces the base rule) supports the run's strategy."""
+    privacy, strategy = v["privacy"], v["strategy"]
+    if privacy == "none" or privacy in PRIVATE_WRAPPER_MECHANISMS:
+        return
+    if privacy not in PRIVATE_RULE_STRATEGIES:
+        raise ConfigError(f"privacy = {privacy!r} is not declared in common/config.py: list a mechanism that "
+                          f"replaces the base rule in PRIVATE_RULE_STRATEGIES (with the strategies it supports), "
+                          f"one that wraps it in PRIVATE_WRAPPER_MECHANISMS")
+    supported = PRIVATE_RULE_STRATEGIES[privacy]
+    if strategy not in supported:
+        raise ConfigError(f"privacy = {privacy!r} replaces the local update rule and has no local rule of "
+                          f"strategy {strategy!r} (its correction would be dropped); use one of "
+                          f"{', '.join(supported)}")
 
 
 RUN_NAME_MAX_BYTES = 200
@@ -368,13 +405,9 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["strategy"] == "ali-dpfl" and (v["privacy"] != "dpsgd" or v["target-epsilon"] <= 0):  # ALI-DPFL
         raise ConfigError("strategy 'ali-dpfl' plans DP-SGD iterations from the budget: set privacy = 'dpsgd' "
                           "and target-epsilon > 0 (local-steps is then set by the server every round)")
-    if v["strategy"] == "ali-dpfl" and v["upcycled"]:  # its even rounds train nobody, yet R_s would count them
-        raise ConfigError("strategy 'ali-dpfl' cannot run with upcycled = true: ALI plans tau* over R_s = "
-                          "num-rounds training rounds, and Upcycled-FL's even rounds train no client")
-    if v["privacy"] == "dpsgd" and v["strategy"] not in DPSGD_STRATEGIES:
-        raise ConfigError(f"privacy = 'dpsgd' trains with client/updates/dpsgd.py, which has no local rule of "
-                          f"strategy {v['strategy']!r} (its correction would be dropped); use one of "
-                          f"{', '.join(DPSGD_STRATEGIES)}")
+    if v["upcycled"] and v["strategy"] in NOT_UPCYCLED:
+        raise ConfigError(f"strategy {v['strategy']!r} cannot run with upcycled = true: {NOT_UPCYCLED[v['strategy']]}")
+    _check_privacy_mechanism(v)  # declared, and (replacing the base rule) for the strategies it declares
     if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] != "fedlap":
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
                           "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")

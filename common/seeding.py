@@ -14,9 +14,10 @@ the run seed can regenerate protects nothing.
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import zlib
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -33,6 +34,16 @@ def numpy_rng(seed: int, purpose: str, *indices: int) -> np.random.Generator:
 def torch_generator(seed: int, purpose: str, *indices: int) -> torch.Generator:
     derived = int(np.random.SeedSequence(_key(seed, purpose, *indices)).generate_state(1, np.uint64)[0])
     return torch.Generator().manual_seed(derived & 0x7FFF_FFFF_FFFF_FFFF)
+
+
+@contextlib.contextmanager
+def global_torch_rng(seed: int, purpose: str, *indices: int) -> Iterator[None]:
+    """torch's global generators (CPU and the current GPU), seeded from the key inside the block and
+    restored after: for draws that cannot take a generator, such as nn.Dropout's masks."""
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(torch_generator(seed, purpose, *indices).initial_seed())
+        yield
 
 
 def mechanism_seed(config: Mapping[str, Any]) -> int:

@@ -63,3 +63,14 @@ def test_preset_errors(tmp_path):
         load_preset(bad)
     with pytest.raises(ConfigError, match="preset file not found"):
         load_preset(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize("strategy", ["fedlap", "ali-dpfl"])
+def test_upcycled_refuses_strategies_it_cannot_wrap(strategy):
+    """FedLAP's clients key their draws on the server round (vanilla and Upcycled would not share them),
+    and ALI-DPFL plans tau* over rounds that all train."""
+    raw = {"strategy": strategy, "upcycled": True}
+    if strategy == "ali-dpfl":
+        raw.update({"privacy": "dpsgd", "target-epsilon": 2.0, "local-steps": 1})
+    with pytest.raises(ConfigError, match="cannot run with upcycled = true"):
+        validate(raw)

@@ -29,7 +29,10 @@ Both charge the client's ledger before any training (a crash can only
 over-count), through `common.privacy.plan.planned_entries`, the same function
 the server's mirror uses. The reply's data-dependent metrics (the base
 rule's train-loss, `clip-norm-before`) never leave the client: the ClientApp
-keeps only data-independent metrics in a private run (client/app.py).
+keeps only data-independent metrics in a private run (client/app.py). Any
+other record in the base rule's reply (another ArrayRecord, a ConfigRecord)
+is refused (`update_rule` hands every wrapper its base through
+`refuse_unprotected`): neither mechanism protects it, so nothing is released.
 """
 
 from __future__ import annotations
