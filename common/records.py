@@ -63,8 +63,14 @@ def vector_to_arrays(vector: np.ndarray, like: ArrayRecord) -> ArrayRecord:
 
 
 def arrays_nbytes(arrays: ArrayRecord) -> int:
-    # From shape and dtype: Array.numpy() would deserialise every array just to count it.
-    return sum(math.prod(a.shape) * np.dtype(a.dtype).itemsize for a in arrays.values())
+    # From shape and dtype: Array.numpy() would deserialise every array just to count it. A reply's shape
+    # is the sender's word: one that claims more than the bytes that came (or a negative size) counts those.
+    return sum(_array_nbytes(a) for a in arrays.values())
+
+
+def _array_nbytes(array) -> int:
+    declared = math.prod(array.shape) * np.dtype(array.dtype).itemsize
+    return declared if 0 <= declared <= len(array.data) else len(array.data)
 
 
 def recorddict_nbytes(content: RecordDict) -> int:

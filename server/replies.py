@@ -84,13 +84,16 @@ def examples_problem(metric: MetricRecord, max_examples: int | None) -> str | No
     return None
 
 
+DROPPING = "dropping reply"  # how every strategy's log line about a screened-out reply begins
+
+
 def screen(replies: Iterable[Message], reference: ArrayRecord, max_examples: Callable[[int], int | None],
            log: Callable[[str], None]) -> list[Message]:
     good = []
     for msg in replies:
         problem = reply_problem(msg, reference, max_examples(msg.metadata.src_node_id))
         if problem:
-            log(f"dropping reply from node {msg.metadata.src_node_id}: {problem}")
+            log(f"{DROPPING} from node {msg.metadata.src_node_id}: {problem}")
         else:
             good.append(msg)
     harmonise_metrics(good, log)

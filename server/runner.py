@@ -27,6 +27,7 @@ from server.report import epsilon_note
 from server.metered_grid import MeteredGrid
 from server.polling_grid import with_polling
 from server.privacy_mirror import PrivacyMirror
+from server.replies import DROPPING
 from server.results import ResultsWriter, claim_run_names, default_run_name, package_versions, refuse_taken
 from server.roster import enroll
 from server.strategies.chain import declared
@@ -146,7 +147,13 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     model = initial_model(config).to(device)
     x_test, y_test = load_test_set(config)
     arrays = model_to_arrays(model)
-    strategy = build_strategy(config, roster, log)
+    dropped: list[str] = []  # why the strategy dropped its first reply (the error if none was ever usable)
+
+    def strategy_log(text: str) -> None:
+        if text.startswith(DROPPING) and not dropped:
+            dropped.append(text)
+        log(text)
+    strategy = build_strategy(config, roster, strategy_log)
     mirror = PrivacyMirror(config, roster.partitions)
     grid_for_strategy: Grid = metered
     if config["secure-aggregation"]:  # strategy -> SecureAggregationGrid -> MeteredGrid -> grid
@@ -157,7 +164,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
             raise ValueError(f"secure-aggregation = true cannot run strategy {config['strategy']!r}: it needs "
                              "the individual replies, secure aggregation only yields their weighted sum")
         grid_for_strategy = SecureAggregationGrid(metered, config, log=log,
-                                                  unit_records=unit_records_for(strategy, str(config["strategy"])))
+                                                  unit_records=unit_records_for(strategy, str(config["strategy"])),
+                                                  sizes={roster.node_of[p]: n for p, n in roster.num_examples.items()})
         grid_for_strategy.enroll(float(config["node-wait-timeout"]))
     # an unreadable checkpoint must not cost the interrupted run's rows: reset only once it has been read
     writer = ResultsWriter(run_dir.parent, run_dir.name)
@@ -168,7 +176,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     arrays = arrays if resumed is None else resumed
 
     num_rounds = int(config["num-rounds"])
-    updated, failure = resumed is not None, ""  # failure: the first client error other than a budget refusal
+    updated, failure, refusal = resumed is not None, "", ""  # the first client error; the first budget refusal
     for server_round in range(first_round, num_rounds + 1):
         metered.reset()
         t0 = time.perf_counter()
@@ -185,6 +193,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
         failure = failure or next((r.error.reason for r in replies
                                    if r.has_error() and r.error.code != BUDGET_EXHAUSTED), "")
+        refusal = refusal or next((r.error.reason for r in replies
+                                   if r.has_error() and r.error.code == BUDGET_EXHAUSTED), "")
         if aggregated is not None:
             arrays, updated = aggregated, True
         elif metered.messages_down:
@@ -220,10 +230,10 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
                       f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
         checkpointer.save(server_round, arrays, strategy, mirror, writer)
 
-    if not writer.rows:
-        raise RuntimeError("no round ran: every client refused its first instruction (privacy budget)")
-    if not updated and failure:  # e.g. an unwritable state-dir: the run must not look like a result
-        raise RuntimeError(f"no round updated the model; clients failed: {failure}")
+    if not updated:  # e.g. an unwritable state-dir, a spent budget: the run must not look like a result
+        why = (f"clients failed: {failure}" if failure else f"clients refused: {refusal}" if refusal
+               else f"no reply was usable; the first: {dropped[0]}" if dropped else "no client replied")
+        raise RuntimeError(f"no round updated the model; {why}")
     final = writer.rows[-1]
     summary = {
         "config": dict(config), "versions": package_versions(),

@@ -165,8 +165,10 @@ class SecureAggregationGrid(DelegatingGrid):
     """Runs the masking protocol inside `send_and_receive` (module docstring)."""
 
     def __init__(self, inner: Grid, config: Mapping[str, Any], *, log: Callable[[str], None] = print,
-                 unit_records: Iterable[str] = (), run_id: int | None = None):
+                 unit_records: Iterable[str] = (), run_id: int | None = None,
+                 sizes: Mapping[int, int] | None = None):
         super().__init__(inner)
+        self.sizes = dict(sizes) if sizes is not None else None  # node -> its roster size: the most it may claim
         self.params = secagg_params(config)
         self.protocol_run = int(run_id) if run_id is not None else secrets.randbits(63)
         self.server = SecAggServer(self.protocol_run, self.params)
@@ -236,6 +238,9 @@ class SecureAggregationGrid(DelegatingGrid):
                 n_ex = cfg["num-examples"]
                 if isinstance(n_ex, bool) or not isinstance(n_ex, int) or n_ex < 0:
                     raise ValueError(f"num-examples must be a non-negative integer, got {n_ex!r}")
+                if self.sizes is not None and n_ex > self.sizes.get(src, -1):  # it sets every node's weight scale
+                    raise ValueError(f"num-examples {n_ex} is more than the node enrolled with "
+                                     f"({self.sizes.get(src, 'not enrolled')})")
                 self.server.enroll(req)
             except Exception as exc:  # adversarial content can raise anything: never crash on one reply
                 self.log(f"secure aggregation: node {src} sent a bad enrollment: {exc}")

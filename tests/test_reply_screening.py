@@ -118,10 +118,11 @@ def test_a_reply_under_other_record_names_is_dropped():
 
 @pytest.mark.parametrize("n_test", [float("inf"), 1e300])
 def test_pfedme_ignores_an_absurd_test_size(n_test):
-    """pFedMe weights the personal accuracies by the reported test sizes: inf crashed int(), 1e300 took over."""
+    """pFedMe weighted the personal accuracies by the reported test sizes: inf crashed int(), 1e300 took
+    over. It now weights by the test sizes it loads itself: the claim changes nothing."""
     from server.strategies.pfedme import PFedMe
 
-    strategy = PFedMe(ROSTER, seed=1, fraction_train=1.0, log=lambda _: None)
+    strategy = PFedMe(ROSTER, seed=1, fraction_train=1.0, log=lambda _: None, test_sizes={0: 5, 1: 5, 2: 5})
     replies = []
     for msg in strategy.configure_train(1, model(0.0), ConfigRecord(), None):
         hostile = msg.metadata.dst_node_id == 101
@@ -129,4 +130,4 @@ def test_pfedme_ignores_an_absurd_test_size(n_test):
                    "test-examples": n_test if hostile else 5}
         replies.append(Message(RecordDict({ARRAYS: model(1.0), METRICS: MetricRecord(metrics)}), reply_to=msg))
     _, metrics = strategy.aggregate_train(1, replies)
-    assert metrics["personal-accuracy"] == pytest.approx(0.9) and metrics["personal-clients"] == 2
+    assert metrics["personal-accuracy"] == pytest.approx((0.9 * 5 * 2 + 0.0 * 5) / 15) and metrics["personal-clients"] == 3

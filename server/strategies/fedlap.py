@@ -39,7 +39,7 @@ from common.fedlap.trust import param_distance, vote_radius
 from common.models import build_model
 from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
 from common.seeding import torch_generator
-from server.replies import arrays_problem, examples_problem, magnitude_problem, read_payload
+from server.replies import DROPPING, arrays_problem, examples_problem, magnitude_problem, read_payload
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
 
@@ -150,7 +150,7 @@ class FedLap(RosterSampling, FlowerFedAvg):
                                   max_examples=None if p is None else self.roster.num_examples[p],
                                   max_radius=float(self.config["fedlap-radius"]))
             if problem:
-                self.log(f"dropping reply from node {msg.metadata.src_node_id}: {problem}")
+                self.log(f"{DROPPING} from node {msg.metadata.src_node_id}: {problem}")
             else:
                 good.append(msg)
         return good

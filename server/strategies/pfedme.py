@@ -10,6 +10,9 @@ clients' personalised models. The server cannot ask idle clients (that would
 be a message), so it keeps each client's latest report and adds to the
 round's train metrics `personal-accuracy` (weighted by test examples over
 every client that has trained so far) and `personal-clients` (how many).
+The weights are the test-split sizes the server loads with the federation,
+not the ones clients report: one client claiming 2^31 test examples took
+the average over.
 Clients never sampled yet are missing from it, unlike in the authors' code,
 which evaluates all personalised models (untrained ones = the initial model).
 The runner's central accuracy remains the global model's.
@@ -20,7 +23,7 @@ models are not updated (no client is contacted), as in the authors' code.
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Mapping
 
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
@@ -30,25 +33,28 @@ from server.strategies.fedavg import RosterSampling
 
 
 class PFedMe(RosterSampling, FlowerFedAvg):
-    def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print):
+    def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print, *,
+                 test_sizes: Mapping[int, int]):
         super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
                          min_available_nodes=len(roster.node_of))
         self.setup_sampling(roster, seed, fraction_train, log)
-        self.personal: dict[int, tuple[float, int]] = {}  # partition -> (accuracy, test examples)
+        self.test_sizes = dict(test_sizes)  # partition -> its test split's size
+        self.personal: dict[int, float] = {}  # partition -> latest personal accuracy
 
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        replies = list(replies)
+        # read before screening: it drops from every reply a metric that one reply lacks
+        reported = {msg.metadata.src_node_id: next(iter(msg.content.metric_records.values()), {}).get(
+            "personal-accuracy") for msg in replies if msg.has_content()}
         good = self.screened(replies)
         arrays, metrics = super().aggregate_train(server_round, good)
         for msg in good:
-            reported = next(iter(msg.content.metric_records.values()))
-            acc, n_test = reported.get("personal-accuracy"), reported.get("test-examples")
-            # self-reported, like the accuracy itself; bounded so that int() and the weighted mean stay finite
-            if isinstance(acc, (int, float)) and isinstance(n_test, (int, float)) and 0 <= acc <= 1 \
-                    and 1 <= n_test < 2**31 and n_test == int(n_test):
-                self.personal[self._partition_of[msg.metadata.src_node_id]] = (float(acc), int(n_test))
+            acc, partition = reported.get(msg.metadata.src_node_id), self._partition_of[msg.metadata.src_node_id]
+            if isinstance(acc, (int, float)) and 0 <= acc <= 1 and self.test_sizes.get(partition, 0) > 0:
+                self.personal[partition] = float(acc)
         if metrics is not None and self.personal:
-            total = sum(n for _, n in self.personal.values())
-            metrics["personal-accuracy"] = sum(a * n for a, n in self.personal.values()) / total
+            total = sum(self.test_sizes[p] for p in self.personal)
+            metrics["personal-accuracy"] = sum(a * self.test_sizes[p] for p, a in self.personal.items()) / total
             metrics["personal-clients"] = len(self.personal)
         return arrays, metrics

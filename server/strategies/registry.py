@@ -56,7 +56,9 @@ def build_base(config: RunConfig, roster: Roster, log=print):
     if name == "pfedme":
         from server.strategies.pfedme import PFedMe
 
-        return PFedMe(*args)
+        from common.data import load_federation
+
+        return PFedMe(*args, test_sizes={p: len(c.y_test) for p, c in enumerate(load_federation(config).clients)})
     if name == "fedyogi":
         from server.strategies.fedyogi import FedYogi
 

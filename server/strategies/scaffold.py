@@ -33,7 +33,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 
 from client.updates.scaffold import CONTROL, CONTROL_DELTA
-from server.replies import arrays_problem
+from server.replies import DROPPING, arrays_problem
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
 
@@ -71,7 +71,7 @@ class Scaffold(RosterSampling, FlowerFedAvg):
             if not msg.has_error():
                 problem = self._control_problem(msg.content)
                 if problem:
-                    self.log(f"dropping reply from node {msg.metadata.src_node_id}: {problem}")
+                    self.log(f"{DROPPING} from node {msg.metadata.src_node_id}: {problem}")
                     continue
                 rest = RecordDict({k: v for k, v in msg.content.items() if k != CONTROL_DELTA})
                 view = Message(content=rest, metadata=copy.copy(msg.metadata))
