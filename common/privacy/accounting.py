@@ -350,10 +350,14 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
 
 
 def _grid_up(sigma: float, tol: float, eps: Callable[[float], float], target_epsilon: float) -> float:
-    """The first multiple of `tol` at or above `sigma` (as written to 12 digits) whose epsilon meets the target."""
+    """The smallest multiple of `tol` near `sigma` (as written to 12 digits) whose epsilon meets the target:
+    up from the grid point at or above `sigma` until it is met, then down while the point below meets it
+    too (Brent's bracket is only within tol / 2 of the root)."""
     sigma = float(f"{math.ceil(sigma / tol) * tol:.12g}")
     while eps(sigma) > target_epsilon:
         sigma = float(f"{sigma + tol:.12g}")
+    while sigma - tol > 0 and eps(below := float(f"{sigma - tol:.12g}")) <= target_epsilon:
+        sigma = below
     return sigma
 
 

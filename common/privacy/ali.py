@@ -71,7 +71,7 @@ def optimal_tau(mu: float, clip: float, gamma: float, horizon_: float, noise_mul
         raise ValueError("Eq. 9 needs C > 0, B-hat > 0, T > 0 and d > 0")
     c2 = clip * clip
     noise = noise_multiplier ** 2 * c2 * num_params / batch ** 2
-    numerator = 4.0 / mu ** 2 + 3.0 * c2 + 2.0 * gamma * horizon_ * mu + noise
+    numerator = 4.0 / mu / mu + 3.0 * c2 + 2.0 * gamma * horizon_ * mu + noise  # / mu / mu: inf, never 1 / 0
     denominator = (2.0 + 1.0 / horizon_) * (c2 + noise)
     return math.sqrt(1.0 + numerator / denominator)
 

@@ -47,6 +47,9 @@ def clip_by_l2_norm(tensors: Tensors, clip_norm: float) -> tuple[Tensors, float]
         raise ValueError(f"cannot clip a vector whose L2 norm is {norm}")
     scale = 1.0 / max(1.0, norm / clip_norm)
     out = [t.detach() * scale if t.is_floating_point() else t.detach().clone() for t in values]
+    while scale < 1.0 and l2_norm([t for t in out if t.is_floating_point()]) > clip_norm:
+        scale *= 1.0 - 2.0**-20  # float32 rounding of the scaled coordinates: the bound must hold exactly
+        out = [t.detach() * scale if t.is_floating_point() else t.detach().clone() for t in values]
     return _rebuild(tensors, out), norm
 
 

@@ -35,6 +35,7 @@ follow the authors' code):
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import numpy as np
@@ -52,7 +53,14 @@ def theta_schedule(theta: float, mu: float = 0.0, lam: float = 0.0, growth: floa
     """m -> theta_m: constant `theta` if lam == 0, else mu / (mu + lam * m**growth)."""
     if lam <= 0.0:
         return lambda m: float(theta)
-    return lambda m: float(mu / (mu + lam * float(m) ** growth))
+    return lambda m: float(mu / (mu + lam * _power(float(m), growth)))
+
+
+def _power(base: float, exponent: float) -> float:
+    try:
+        return base ** exponent
+    except OverflowError:  # lambda_m beyond floats: theta_m = 0
+        return math.inf
 
 
 def extrapolate(current: ArrayRecord, previous: ArrayRecord, theta: float) -> ArrayRecord:
