@@ -146,8 +146,9 @@ def _run_sigma(args: argparse.Namespace) -> int:
                                                       orders=args.orders, tol=args.tol)
     except ValueError as err:
         return _fail(err)
+    digits = max(4, math.ceil(-math.log10(args.tol)))  # what the grid holds: fewer digits could round below it
     return _emit(args, "sigma", sigma,
-                 f"sigma = {sigma:.4f}: the smallest noise multiplier with epsilon <= {args.epsilon:g} at "
+                 f"sigma = {sigma:.{digits}f}: the smallest noise multiplier with epsilon <= {args.epsilon:g} at "
                  f"delta = {args.delta:g} after {args.steps} steps (q = {args.q:g}; {_how(args)})")
 
 

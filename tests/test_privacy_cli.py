@@ -55,6 +55,15 @@ def test_errors_go_to_stderr_with_status_2(capsys):
               "--accountant", "moments"])
 
 
+def test_sigma_prints_the_digits_of_its_tolerance_and_refuses_a_zero_one(capsys):
+    """--tol 1e-6 printed 4 decimals (a sigma rounded below the target's); --tol 0 divided by zero."""
+    args = ["sigma", "--epsilon", "1", "--delta", "1e-5", "--q", "0.002", "--steps", "200"]
+    rc, out, _ = _run(capsys, *args, "--tol", "1e-6")
+    assert rc == 0 and out.startswith("sigma = 0.885296:")
+    rc, out, err = _run(capsys, *args, "--tol", "0")
+    assert rc == 2 and out == "" and "tol must be in (0, 0.1]" in err
+
+
 def test_ledger_report(capsys, tmp_path):
     path = tmp_path / "ledger.json"
     PrivacyLedger([dpsgd_steps(0.0256, 1.0, 200, round=1), post_processing(round=2, note="even round")]).save(path)

@@ -325,6 +325,8 @@ def calibrate_noise_multiplier(target_epsilon: float, delta: float, sample_rate:
         raise ValueError(f"target epsilon must be positive; got {target_epsilon}")
     if steps <= 0:
         raise ValueError(f"steps must be positive; got {steps}")
+    if not 0 < tol <= 0.1:
+        raise ValueError(f"tol must be in (0, 0.1]; got {tol}")
 
     @functools.lru_cache(maxsize=None)
     def eps(sigma: float) -> float:
