@@ -59,7 +59,8 @@ def partition_of(context: Context, config: RunConfig) -> int:
 class LocalClient:
     """One partition's data and model, on this node's device."""
 
-    def __init__(self, config: RunConfig, partition: int, run_id: int = 0, node_config: dict | None = None):
+    def __init__(self, config: RunConfig, partition: int, run_id: int = 0, node_config: dict | None = None,
+                 model: torch.nn.Module | None = None):
         self.config, self.partition = config, partition
         self.run_id, self.node_config = run_id, dict(node_config or {})
         self.device = pick_device(str(config["device"]))
@@ -68,9 +69,11 @@ class LocalClient:
         self.x = torch.as_tensor(data.x_train, device=self.device)
         self.y = torch.as_tensor(data.y_train, device=self.device)
         self.x_test, self.y_test = data.x_test, data.y_test
-        federation = load_federation(config)  # cached per process
-        name = resolve_model_name(str(config["model"]), str(config["dataset"]))
-        self.model = build_model(name, federation.input_shape, federation.num_classes).to(self.device)
+        if model is None:
+            federation = load_federation(config)  # cached per process
+            name = resolve_model_name(str(config["model"]), str(config["dataset"]))
+            model = build_model(name, federation.input_shape, federation.num_classes).to(self.device)
+        self.model = model  # every rule loads the instruction's arrays into it first
 
     @property
     def ledger(self):
@@ -91,6 +94,7 @@ def local_client(context: Context) -> LocalClient:
     if _local and next(iter(_local))[0] != run_key:
         _local.clear()  # one run per process at a time; free the previous run's clients
     key = (run_key, partition)  # a process may serve several nodes (in-process engine, a Ray actor)
-    if key not in _local:
-        _local[key] = LocalClient(config, partition, context.run_id, dict(context.node_config))
+    if key not in _local:  # the nodes of a process take turns: one model serves them all
+        shared = next(iter(_local.values())).model if _local else None
+        _local[key] = LocalClient(config, partition, context.run_id, dict(context.node_config), model=shared)
     return _local[key]

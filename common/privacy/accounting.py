@@ -176,11 +176,27 @@ def _gaussian_noise_multipliers(event: dpa.DpEvent):
             yield from _gaussian_noise_multipliers(child)
 
 
+def _gaussian_precision(event: dpa.DpEvent, count: int = 1) -> float:
+    """Sum of count / z^2 over the Gaussian releases of `event` that are not subsampled: dp-accounting
+    composes them as one Gaussian of noise multiplier sum^-1/2, whose loss grid grows with the count."""
+    if isinstance(event, dpa.GaussianDpEvent):
+        return count / float(event.noise_multiplier) ** 2 if event.noise_multiplier > 0 else math.inf
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        return _gaussian_precision(event.event, count * int(event.count))
+    if isinstance(event, dpa.ComposedDpEvent):
+        return sum(_gaussian_precision(e, count) for e in event.events)
+    return 0.0  # subsampled and other events: their own loss grids, sized by the per-release multiplier
+
+
 def pld_interval(event: dpa.DpEvent, discretization: float = PLD_DISCRETIZATION) -> float:
     """The value-discretisation interval for `event`: `discretization`, or coarser where its smallest
-    Gaussian noise multiplier would make the loss grid longer than PLD_MAX_POINTS. The discretisation
-    is pessimistic, so a coarser grid still gives an upper bound on epsilon, only a looser one."""
+    Gaussian noise multiplier (of one release, or of its unsampled Gaussian releases composed) would make
+    the loss grid longer than PLD_MAX_POINTS. The discretisation is pessimistic, so a coarser grid still
+    gives an upper bound on epsilon, only a looser one."""
     sigma = min(_gaussian_noise_multipliers(event), default=math.inf)
+    precision = _gaussian_precision(event)
+    if precision > 0:
+        sigma = min(sigma, precision ** -0.5)
     if sigma == 0:  # no noise: dp-accounting's PLD is the infinite-loss point mass, no grid
         return discretization
     return max(discretization, (1 / (2 * sigma**2) + 10 / sigma) / PLD_MAX_POINTS)
