@@ -94,9 +94,12 @@ def _accuracy_at_round(rows, summary, param):
 
 
 def row_epsilon(row: Mapping[str, Any]) -> float | None:
-    """The epsilon spent after a round (`epsilon`, else the max over clients `epsilon_max`), if reported."""
-    value = row.get("epsilon", row.get("epsilon_max"))
-    return None if value is None else float(value)
+    """The epsilon spent after a round (`epsilon`, else the max over clients `epsilon_max`), if reported;
+    results files write an unbounded epsilon as null, read here as inf."""
+    for key in ("epsilon", "epsilon_max"):
+        if key in row:
+            return math.inf if row[key] is None else float(row[key])
+    return None
 
 
 def epsilon_note(summary: Mapping[str, Any]) -> str | None:
@@ -426,7 +429,8 @@ class CellResult:
 
     @property
     def n(self) -> int:
-        return len(self.values)
+        """The seeds in the mean: a diverged run's non-finite value is left out of it."""
+        return sum(1 for v in self.values if math.isfinite(v))
 
     @property
     def mean(self) -> float | None:
@@ -528,7 +532,7 @@ def render_markdown(suite: Suite, results: list[CellResult], plots: list[Path], 
     def diff(r: CellResult) -> str:
         return "—" if r.diff is None else f"{r.diff:+.{d}f}"
 
-    finished = sum(r.n for r in results)
+    finished = sum(len(r.values) for r in results)
     planned = sum(len(r.cell.seeds) for r in results)
     lines = [f"# Reproduction: {suite.name}", ""]
     if suite.description:
