@@ -2,40 +2,46 @@
 
     PYTHONPATH=. python presets/repro/ali-table2/check_ledgers.py results/repro/ali-table2
 
-For every cell folder (<out>/<suite>/<row>__<column>/) with a finished run
-(s*/summary.json): every client ledger under node-state/ must have epsilon <=
-the run's target-epsilon (by the run's accountant); for ALI-DPFL runs with
-R_s < R_c, every ledger must end within 1% of the target. Prints one line per
-cell and exits 1 on any violation.
+For every planned cell and seed of the suite snapshot (<out>/<suite>/suite.json), the
+run must be finished (s<seed>/summary.json with the cell's config, `run_is_finished`):
+a missing or stale one is reported as MISSING. For every cell with a finished run:
+every client ledger under node-state/ must have epsilon <= the cell's target-epsilon
+(by its accountant); for ALI-DPFL cells with R_s < R_c, every ledger must end within
+1% of the target. Prints one line per cell and exits 1 on any violation or missing run.
 """
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 from common.privacy import ali
 from common.privacy.ledger import PrivacyLedger
+from server.report import expected_config, read_snapshot, run_is_finished
 
 
 def main(root: str) -> int:
     bad = 0
-    for cell in sorted(p for p in Path(root).iterdir() if p.is_dir()):
-        summaries = sorted(cell.glob("s*/summary.json"))
-        if not summaries:
+    for cell in read_snapshot(Path(root)).cells:
+        folder = Path(root) / cell.folder
+        done = [s for s in cell.seeds if run_is_finished(folder / f"s{s}", cell, s)]
+        if len(done) < len(cell.seeds):
+            bad += 1
+            print(f"MISSING {cell.folder} ({cell.label}): no finished run for seed(s) "
+                  + ", ".join(str(s) for s in cell.seeds if s not in done))
+        if not done:
             continue
-        config = json.loads(summaries[0].read_text())["config"]
+        config = expected_config(cell, done[0])
         target, delta, acc = float(config["target-epsilon"]), float(config["target-delta"]), config["accountant"]
         rc = ali.iteration_budget(target, delta, float(config["dp-sample-rate"]),
                                   float(config["dp-noise-multiplier"]), acc)
         must_spend = config["strategy"] == "ali-dpfl" and int(config["num-rounds"]) < rc
-        eps = [PrivacyLedger.load(f).epsilon(delta, accountant=acc) for f in cell.glob("node-state/*/*.ledger.json")]
+        eps = [PrivacyLedger.load(f).epsilon(delta, accountant=acc) for f in folder.glob("node-state/*/*.ledger.json")]
         over = [e for e in eps if e > target]
         under = [e for e in eps if must_spend and e < 0.99 * target]
         ok = eps and not over and not under
         bad += not ok
-        print(f"{'ok ' if ok else 'BAD'} {cell.name}: {len(summaries)} run(s), {len(eps)} ledgers, epsilon "
+        print(f"{'ok ' if ok else 'BAD'} {cell.folder}: {len(done)} run(s), {len(eps)} ledgers, epsilon "
               f"{min(eps, default=float('nan')):.4f}..{max(eps, default=float('nan')):.4f} / target {target} "
               f"({acc}); R_c = {rc}{', must end within 1%' if must_spend else ''}")
     return 1 if bad else 0

@@ -2,7 +2,8 @@
 
     python presets/repro/upcycled-privacy/epsilons.py [SUITE_RESULTS_DIR] [--delta 1e-5]
 
-SUITE_RESULTS_DIR defaults to results/repro/upcycled-privacy. For each finished run it rebuilds every
+SUITE_RESULTS_DIR defaults to results/repro/upcycled-privacy. For each finished run (one of the cell's
+seeds with the cell's config, `run_is_finished`, as report.md counts it: a stale run is left out) it rebuilds every
 client's ledger from the run's own rows (a client is charged in every round in which it received a train
 instruction: all clients in every round with clients > 0, since these runs sample every client) with
 `common.privacy.plan.planned_entries`, the function the clients and the server's mirror use, and the
@@ -10,7 +11,8 @@ client's real |D_i|. It checks the rebuilt epsilon against the mirror's (summary
 delta (default 1e-5): RDP and PLD (dp-accounting), the paper's form (output: Thm 6.2 closed form
 `upcycled-thm6.2`; objective: Thm 6.3, the pure-DP sum), and for output perturbation also RDP with the
 honest 'ball' sensitivity 2 tau. Epsilons are mean (the paper's eps-bar) and max over the 30 clients.
-Writes SUITE_RESULTS_DIR/epsilons.md and epsilons.csv and prints the table.
+Writes SUITE_RESULTS_DIR/epsilons.md and epsilons.csv and prints the table: every cell of the suite
+snapshot, a cell without finished runs as 0 seeds and dashes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import csv
 import json
 import math
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -31,7 +32,7 @@ from common.data import load_client  # noqa: E402
 from common.data.errors import DataFileError  # noqa: E402
 from common.privacy.ledger import PrivacyLedger  # noqa: E402
 from common.privacy.plan import planned_entries  # noqa: E402
-from server.report import read_rows  # noqa: E402
+from server.report import read_rows, read_snapshot, run_is_finished  # noqa: E402
 
 
 def ledgers_for(config, rows) -> dict[int, PrivacyLedger]:
@@ -72,16 +73,11 @@ def run_epsilons(run_dir: Path, delta: float) -> dict:
 
 
 def suite_epsilons(suite_dir: Path, delta: float) -> dict[tuple[str, str], list[dict]]:
-    """(row, column) -> run_epsilons of each finished seed."""
-    snapshot = json.loads((suite_dir / "suite.json").read_text())
-    cells = defaultdict(list)
-    for cell in snapshot["cells"]:
-        folder = suite_dir / f"{_slug(cell['row'])}__{_slug(cell['column'])}"
-        for seed in cell["seeds"]:
-            run = folder / f"s{seed}"
-            if (run / "summary.json").exists():
-                cells[(cell["row"], cell["column"])].append(run_epsilons(run, delta))
-    return cells
+    """(row, column) -> run_epsilons of each finished seed, for every cell of the snapshot (maybe [])."""
+    return {(cell.row, cell.column): [run_epsilons(suite_dir / cell.folder / f"s{seed}", delta)
+                                      for seed in cell.seeds
+                                      if run_is_finished(suite_dir / cell.folder / f"s{seed}", cell, seed)]
+            for cell in read_snapshot(suite_dir).cells}
 
 
 def main(argv=None) -> int:
@@ -110,11 +106,12 @@ def main(argv=None) -> int:
              "paper mean | paper max | ball RDP max |", "|" + "---|" * 13]
     table = []
     for (row, column), runs in cells.items():
-        mean = {k: (sum(r[k] for r in runs if k in r) / len(runs) if all(k in r for r in runs) else None)
+        mean = {k: (sum(r[k] for r in runs) / len(runs) if runs and all(k in r for r in runs) else None)
                 for k in keys}
         table.append({"row": row, "column": column, "seeds": len(runs), **mean})
         f = lambda v, d=3: "—" if v is None else f"{v:.{d}f}"  # noqa: E731
-        lines.append(f"| {row} | {column} | {len(runs)} | {f(mean['accuracy'] * 100, 2)} | {f(mean['loss'])} | "
+        acc = None if mean["accuracy"] is None else mean["accuracy"] * 100
+        lines.append(f"| {row} | {column} | {len(runs) or '—'} | {f(acc, 2)} | {f(mean['loss'])} | "
                      f"{f(mean['leaking_rounds'], 0)} | {f(mean['rdp_mean'])} | {f(mean['rdp_max'])} | "
                      f"{f(mean['pld_mean'])} | {f(mean['pld_max'])} | {f(mean['paper_mean'])} | "
                      f"{f(mean['paper_max'])} | {f(mean['ball_rdp_max'], 1)} |")
@@ -128,12 +125,6 @@ def main(argv=None) -> int:
         w.writerows(table)
     print("\n".join(lines))
     return 0
-
-
-def _slug(text: str) -> str:
-    from server.report import slug
-
-    return slug(text)
 
 
 if __name__ == "__main__":

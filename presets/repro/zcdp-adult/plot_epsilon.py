@@ -7,7 +7,9 @@ plots/accuracy_vs_epsilon.png beside it: one line per sweep row (LR and NN, with
 and without SA; mean +- std over the finished seeds), the (10, 1e-4) cells of
 Exp. B as points and the non-private rows as dashed lines. Prints the
 with-minus-without difference of the means at every epsilon (the paper's claim
-is that it is positive everywhere) and, per epsilon, on how many seeds the run
+is that it is positive everywhere: over the suite's planned eps columns, so an epsilon
+whose arm has no run or fewer seeds than planned, from suite.json or else the most
+seeds in report.csv, makes the verdict "incomplete") and, per epsilon, on how many seeds the run
 with SA beat / tied the run without (same seed: same devices, selection,
 batches and standard-normal noise draws, only sigma differs).
 """
@@ -21,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: server.report
-from server.report import slug  # noqa: E402
+from server.report import read_snapshot, slug  # noqa: E402
 
 
 def seed_accuracies(folder: Path, row: str, column: str) -> dict[str, float]:
@@ -40,8 +42,10 @@ def paired(folder: Path, row_with: str, row_without: str, column: str) -> str:
 def main() -> int:
     folder = Path(sys.argv[1] if len(sys.argv) > 1 else "results/repro/zcdp-adult")
     rows: dict[str, dict[str, tuple[float, float, int]]] = {}
+    seeds: dict[tuple[str, str], int] = {}  # (row, column) -> finished seeds, every cell of the suite
     with (folder / "report.csv").open() as fh:
         for rec in csv.DictReader(fh):
+            seeds[rec["row"], rec["column"]] = int(rec["n_seeds"] or 0)
             if rec["ours_mean"]:
                 rows.setdefault(rec["row"], {})[rec["column"]] = (float(rec["ours_mean"]), float(rec["ours_std"] or 0),
                                                                   int(rec["n_seeds"]))
@@ -76,17 +80,28 @@ def main() -> int:
     out.parent.mkdir(exist_ok=True)
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
-    for row, with_sa in rows.items():
-        if "with SA" not in row or row.replace("with SA", "without SA") not in rows:
-            continue
+    if (folder / "suite.json").is_file():
+        planned = {(c.row, c.column): len(c.seeds) for c in read_snapshot(folder).cells}
+    else:
+        planned = dict.fromkeys(seeds, max(seeds.values(), default=0))
+    for row in dict.fromkeys(r for r, _ in planned):
         row_without = row.replace("with SA", "without SA")
-        without = rows[row_without]
-        diffs = {c: with_sa[c][0] - without[c][0] for c in with_sa if c in without}
-        line = ", ".join(f"{c}: {d:+.2f} [{paired(folder, row, row_without, c)}]"
-                         for c, d in sorted(diffs.items(), key=lambda x: float(x[0][4:])))
-        verdict = "beats" if diffs and all(d > 0 for d in diffs.values()) else "does NOT beat"
-        print(f"{row.replace('with SA', '').strip()}: with SA minus without (points): {line}  -> with SA {verdict} "
-              "without at every epsilon")
+        if "with SA" not in row or not any(r == row_without for r, _ in planned):
+            continue
+        with_sa, without = rows.get(row, {}), rows.get(row_without, {})
+        columns = sorted({c for r, c in planned if r in (row, row_without) and c.startswith("eps=")},
+                         key=lambda c: float(c[4:]))
+        short = [c for c in columns if any((r, c) not in planned or seeds.get((r, c), 0) < planned[r, c]
+                                           for r in (row, row_without))]
+        diffs = {c: with_sa[c][0] - without[c][0] for c in columns if c in with_sa and c in without}
+        line = ", ".join(f"{c}: {diffs[c]:+.2f} [{paired(folder, row, row_without, c)}]" if c in diffs else
+                         f"{c}: incomplete" for c in columns)
+        if short:
+            verdict = f"incomplete ({', '.join(short)} short of runs or seeds): not established"
+        else:
+            verdict = ("beats" if diffs and all(d > 0 for d in diffs.values()) else "does NOT beat") + \
+                " without at every epsilon"
+        print(f"{row.replace('with SA', '').strip()}: with SA minus without (points): {line}  -> with SA {verdict}")
     return 0
 
 
