@@ -66,7 +66,8 @@ def main(args: argparse.Namespace) -> int:
         try:
             md, results = render_report(suite_dir, plots=not args.no_plots)
         except (OSError, ValueError, KeyError, TypeError) as err:  # ConfigError and JSONDecodeError too
-            print(f"privfed report: skipped suite {suite_dir}: unreadable suite.json ({err})", file=sys.stderr)
+            print(f"privfed report: skipped suite {suite_dir}: unreadable suite.json or run results ({err})",
+                  file=sys.stderr)
             continue
         reported += 1
         console.print(f"[bold]{suite_dir.name}[/]")

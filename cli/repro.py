@@ -145,7 +145,7 @@ def main(args: argparse.Namespace) -> int:
         suite_dir = out_dir / suite.name
         todo, done = plan(suite, out_dir, args.filter)
         _preflight(todo)
-        write_snapshot(load_suite(args.suite), suite_dir)  # the full suite, for `privfed report`
+        write_snapshot(load_suite(args.suite).with_seeds_of(suite), suite_dir)  # the full suite, for `privfed report`
     except (ConfigError, DataFileError) as e:
         print(f"privfed repro: error: {e}", file=sys.stderr)
         return 2

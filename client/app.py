@@ -108,7 +108,8 @@ def checked(rule):
         check_instruction(client, content)
         instruction = content[CONFIG]
         train_round = int(instruction.get("train-round", instruction["server-round"]))
-        with global_torch_rng(int(client.config["seed"]), "client-global", client.partition, train_round):
+        with global_torch_rng(int(client.config["seed"]), "client-global", client.partition, train_round,
+                              device=client.device):
             return rule(client, content, state)
     return run
 

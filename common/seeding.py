@@ -37,10 +37,12 @@ def torch_generator(seed: int, purpose: str, *indices: int) -> torch.Generator:
 
 
 @contextlib.contextmanager
-def global_torch_rng(seed: int, purpose: str, *indices: int) -> Iterator[None]:
-    """torch's global generators (CPU and the current GPU), seeded from the key inside the block and
-    restored after: for draws that cannot take a generator, such as nn.Dropout's masks."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+def global_torch_rng(seed: int, purpose: str, *indices: int, device: torch.device | None = None) -> Iterator[None]:
+    """torch's global generators (CPU, and `device` if a GPU), seeded from the key inside the block and
+    restored after: for draws that cannot take a generator, such as nn.Dropout's masks. A CPU client
+    never touches CUDA (its context costs GPU memory, and an exclusive GPU refuses a second process)."""
+    gpu = device is not None and torch.device(device).type == "cuda"
+    devices = [torch.device(device).index or 0] if gpu else []
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(torch_generator(seed, purpose, *indices).initial_seed())
         yield

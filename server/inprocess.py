@@ -10,7 +10,7 @@ Engine behaviour (documented in the README, "Engines"):
   synchronisation (on a busy 2-core machine 2 threads made a Table-1 run ~10x
   slower than 1). Pass `threads=None` to leave torch's setting alone (e.g.
   CNNs on a many-core machine). With `workers = N` each worker process gets
-  `cpu_count // N` threads.
+  the same count, so the numbers do not depend on N.
 - Flower's own INFO log lines (one per aggregation) are silenced during the
   run; privfed prints its own per-round progress line.
 """

@@ -207,6 +207,16 @@ class Suite:
         cells = tuple(Cell(**{**asdict(c), "seeds": first(c.seeds)}) for c in self.cells)
         return Suite(**{**asdict(self), "cells": cells, "seeds": first(self.seeds)})
 
+    def with_seeds_of(self, other: "Suite") -> "Suite":
+        """This suite, each cell also holding the seeds of `other`'s cell (the same suite, with_seed_count'ed):
+        the snapshot of a `--seeds N` beyond a cell's own seeds keeps the runs it made in the report."""
+        def union(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+            return tuple(dict.fromkeys((*a, *b)))
+
+        cells = tuple(Cell(**{**asdict(c), "seeds": union(c.seeds, o.seeds)}) for c, o in zip(self.cells, other.cells,
+                                                                                             strict=True))
+        return Suite(**{**asdict(self), "cells": cells, "seeds": union(self.seeds, other.seeds)})
+
     def matching(self, text: str | None) -> list[Cell]:
         """Cells whose 'row', 'column', 'row/column' or 'row / column' (the label --list prints) contains
         `text` (case-insensitive)."""

@@ -41,6 +41,12 @@ class PFedMe(RosterSampling, FlowerFedAvg):
         self.test_sizes = dict(test_sizes)  # partition -> its test split's size
         self.personal: dict[int, float] = {}  # partition -> latest personal accuracy
 
+    def load_state_dict(self, state: dict) -> None:
+        personal = state.get("personal")
+        if isinstance(personal, dict):  # a checkpoint from before session 12: partition -> (accuracy, test examples)
+            state = {**state, "personal": {p: v[0] if isinstance(v, (tuple, list)) else v for p, v in personal.items()}}
+        super().load_state_dict(state)
+
     def aggregate_train(self, server_round: int,
                         replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         replies = list(replies)
