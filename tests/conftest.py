@@ -19,3 +19,14 @@ def data_dir_or_skip(*parts: str) -> Path:
     if not (base.joinpath(*parts)).exists():
         pytest.skip(f"{base.joinpath(*parts)} not present (tests never download data)")
     return base
+
+
+@pytest.fixture
+def one_torch_thread():
+    """torch with 1 intra-op thread (the in-process engine's default), restored after the test."""
+    import torch
+
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

@@ -28,6 +28,7 @@ from server.results import ResultsWriter
 from server.roster import Roster
 from server.runner import run_federation
 from server.strategies.registry import build_strategy
+from fault_grids import DiesAfter, Killed
 
 STEPS = 2
 
@@ -37,32 +38,6 @@ def config(tmp_path, name, **extra):
                      "local-steps": STEPS, "dp-sample-rate": 0.2, "dp-noise-multiplier": 1.0, "lr": 0.5,
                      "dp-noise-seed": "run-seed",  # resumed and uninterrupted runs are compared bit for bit
                      "results-dir": str(tmp_path / "results"), "run-name": name, **extra})
-
-
-class Killed(RuntimeError):
-    pass
-
-
-class DiesAfter:
-    """Delegates to the in-process grid; the server "dies" when it sends training round `after + 1`
-    (`after_replies`: once the replies of training round `after` are in, before it is checkpointed)."""
-
-    def __init__(self, inner, after: int, after_replies: bool = False):
-        self.inner, self.left, self.after_replies = inner, after, after_replies
-
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        if messages and messages[0].metadata.message_type == "train":
-            if self.left == 0 and not self.after_replies:
-                raise Killed("ServerApp killed")
-            self.left -= 1
-            if self.left == 0 and self.after_replies:  # the clients trained; the round is not checkpointed
-                self.inner.send_and_receive(messages, timeout=timeout)
-                raise Killed("ServerApp killed")
-        return self.inner.send_and_receive(messages, timeout=timeout)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def run(cfg, run_id, die_after: int | None = None, after_replies: bool = False):

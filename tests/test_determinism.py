@@ -22,17 +22,13 @@ from common.records import ARRAYS, CONFIG, model_to_arrays
 from server.inprocess import run_inprocess
 from server.inprocess_grid import InProcessGrid
 from server.runner import initial_model, run_federation
+from fault_grids import DiesAfter, Killed
 
 # the configuration of tests/test_e2e_flower.py (the engine-parity check), on the generated federation
 RUN = {"num-clients": 3, "num-rounds": 3, "seed": 3, "dataset": "synthetic"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def node(tmp_path, partition: int = 0, **run_config) -> Context:
@@ -100,28 +96,6 @@ def test_local_training_of_a_dropout_model_does_not_depend_on_the_global_torch_r
     torch.manual_seed(1)
     second = train_through_the_app(context, content)
     assert np.array_equal(first, second), f"max difference {np.abs(first - second).max():.3g}"
-
-
-class Killed(RuntimeError):
-    pass
-
-
-class DiesAfter:
-    """The server "dies" as it sends training round `after + 1` (as in tests/test_checkpoint.py)."""
-
-    def __init__(self, inner, after: int):
-        self.inner, self.left = inner, after
-
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        if messages and messages[0].metadata.message_type == "train":
-            if self.left == 0:
-                raise Killed("ServerApp killed")
-            self.left -= 1
-        return self.inner.send_and_receive(messages, timeout=timeout)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def test_a_resumed_run_of_a_dropout_model_ends_with_the_uninterrupted_model(tmp_path):

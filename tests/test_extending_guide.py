@@ -41,6 +41,7 @@ from server.inprocess import run_inprocess
 from server.inprocess_grid import InProcessGrid
 from server.strategies.fedavg import RosterSampling
 from server.strategies.scaffold import Scaffold
+from fault_grids import DiesAfter, Killed
 
 REPO = Path(__file__).resolve().parents[1]
 QUIET = Console(quiet=True)
@@ -74,28 +75,6 @@ def rows(run_dir: Path) -> list[dict]:
 def model_arrays(run_dir: Path) -> dict[str, np.ndarray]:
     with np.load(run_dir / "model.npz") as z:
         return {k: z[k] for k in z.files}
-
-
-class Killed(RuntimeError):
-    pass
-
-
-class DiesAfter:
-    """The in-process grid; the ServerApp "dies" as it sends training round `after + 1`."""
-
-    def __init__(self, inner, after: int):
-        self.inner, self.left = inner, after
-
-    def send_and_receive(self, messages, *, timeout=None):
-        messages = list(messages)
-        if messages and messages[0].metadata.message_type == "train":
-            if self.left == 0:
-                raise Killed("ServerApp killed")
-            self.left -= 1
-        return self.inner.send_and_receive(messages, timeout=timeout)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
 
 
 def run_on_grid(cfg, run_id: int, die_after: int | None = None) -> Path | None:
@@ -401,3 +380,25 @@ def test_repro_report_follows_the_suites_seeds_after_an_edit(tmp_path, capsys):
     lines = (out / "tiny" / "report.csv").read_text().splitlines()
     n_seeds = lines[1].split(",")[5]
     assert n_seeds == "1", lines
+
+
+def test_repro_report_counts_every_seed_a_seeds_n_check_ran(tmp_path, capsys):
+    """`privfed repro SUITE --seeds N` runs the first N seeds of each cell, "extended with the next
+    integers if there are fewer" (Suite.with_seed_count). Here the suite has seeds = [1] and --seeds 2
+    runs s1 and s2 ("2 run(s) executed"), but the report it prints and writes right after says n = 1
+    (report.csv n_seeds 1, the mean of s1 only): c9d72ee/08cc142 made `collect` (server/report.py)
+    drop every seed not in the snapshot's cell.seeds, and cli/repro.py writes the snapshot from the
+    unextended suite. Before, every finished seed folder with the cell's config was averaged."""
+    from cli.main import main
+
+    suite = tmp_path / "tiny"
+    suite.mkdir()
+    (suite / "suite.toml").write_text(TINY_SUITE)
+    out = tmp_path / "out"
+    assert main(["repro", str(suite), "--out", str(out), "--no-plots", "--seeds", "2"]) == 0
+    capsys.readouterr()
+    runs = sorted(p.name for p in (out / "tiny").glob("*/s*") if (p / "summary.json").is_file())
+    assert runs == ["s1", "s2"], runs
+    header, row = (out / "tiny" / "report.csv").read_text().splitlines()[:2]
+    n_seeds = dict(zip(header.split(","), row.split(",")))["n_seeds"]
+    assert n_seeds == "2", (header, row)

@@ -3,7 +3,6 @@ checkpoint, `repro --seeds N` beyond a suite's seeds, and a CPU client touching 
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,12 +15,7 @@ from common.config import validate
 from server.roster import Roster
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- 1. pFedMe: a checkpoint written before today's change no longer resumes ------------------------------
@@ -60,45 +54,6 @@ def test_pfedme_checkpoint_from_before_the_test_size_change_resumes_or_is_refuse
     assert len(replies) == 1  # one partition of three trains: the other two keep their old entries
     _, metrics = resumed.aggregate_train(2, replies)
     assert 0.0 <= metrics["personal-accuracy"] <= 1.0, dict(metrics)
-
-
-# --- 2. repro --seeds N beyond the suite's seeds: executed runs left out of the report ---------------------
-TINY_SUITE = """
-[suite]
-description = "tiny"
-seeds = [1]
-
-[suite.overrides]
-num-rounds = 1
-
-[[cell]]
-row = "FedAvg"
-column = "lr 0.1"
-overrides = { lr = 0.1 }
-paper = 50.0
-"""
-
-
-def test_repro_report_counts_every_seed_a_seeds_n_check_ran(tmp_path, capsys):
-    """`privfed repro SUITE --seeds N` runs the first N seeds of each cell, "extended with the next
-    integers if there are fewer" (Suite.with_seed_count). Here the suite has seeds = [1] and --seeds 2
-    runs s1 and s2 ("2 run(s) executed"), but the report it prints and writes right after says n = 1
-    (report.csv n_seeds 1, the mean of s1 only): c9d72ee/08cc142 made `collect` (server/report.py)
-    drop every seed not in the snapshot's cell.seeds, and cli/repro.py writes the snapshot from the
-    unextended suite. Before, every finished seed folder with the cell's config was averaged."""
-    from cli.main import main
-
-    suite = tmp_path / "tiny"
-    suite.mkdir()
-    (suite / "suite.toml").write_text(TINY_SUITE)
-    out = tmp_path / "out"
-    assert main(["repro", str(suite), "--out", str(out), "--no-plots", "--seeds", "2"]) == 0
-    capsys.readouterr()
-    runs = sorted(p.name for p in (out / "tiny").glob("*/s*") if (p / "summary.json").is_file())
-    assert runs == ["s1", "s2"], runs
-    header, row = (out / "tiny" / "report.csv").read_text().splitlines()[:2]
-    n_seeds = dict(zip(header.split(","), row.split(",")))["n_seeds"]
-    assert n_seeds == "2", (header, row)
 
 
 # --- 3. global_torch_rng touches CUDA for a client that trains on the CPU --------------------------------

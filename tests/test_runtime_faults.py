@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.supercore.task_identity import TaskIdentity
@@ -25,12 +24,7 @@ from server.runner import run_federation
 BASE = {"num-clients": 3, "seed": 3, "synthetic-dim": 10, "dataset": "synthetic"}
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 class Tamper:
