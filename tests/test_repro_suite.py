@@ -11,7 +11,7 @@ import pytest
 
 from cli.main import main
 from common.config import ConfigError
-from server.report import CSV_COLUMNS, METRICS, available_suites, load_suite
+from server.report import CSV_COLUMNS, METRICS, available_suites, expected_config, load_suite, render_report
 
 SUITE = textwrap.dedent("""
     [suite]
@@ -162,3 +162,49 @@ def test_every_shipped_suite_loads_and_validates():
     for name in names:
         suite = load_suite(name)
         assert suite.cells and suite.seeds, name
+
+
+# --- n_seeds and null epsilons (review, session 12) ------------------------------------
+TINY = textwrap.dedent("""
+    [suite]
+    name = "tiny"
+    seeds = [1, 2]
+    metric = "final-loss"
+    [suite.overrides]
+    num-clients = 3
+    num-rounds = 2
+    [[cell]]
+    row = "FedAvg"
+    column = "Syn(0,0)"
+    overrides = { synthetic-alpha = 0.0, synthetic-beta = 0.0 }
+""")
+
+
+def test_report_n_seeds_is_the_number_of_runs_in_the_mean(tmp_path):
+    """Seed 2 diverged: its final loss is NaN, written as null. The mean (1.0) is over seed 1 only, yet
+    report.csv says n_seeds = 2 and report.md shows no [n=1]: the diverged run silently leaves the mean."""
+    folder = tmp_path / "suites" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "suite.toml").write_text(TINY)
+    suite = load_suite(str(folder))
+    cell = suite.cells[0]
+    suite_dir = tmp_path / "out" / suite.name
+    for seed, loss in ((1, 1.0), (2, None)):
+        run = suite_dir / cell.folder / f"s{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, seed)}))
+        (run / "metrics.jsonl").write_text(json.dumps({"round": 2, "accuracy": 0.5, "loss": loss}) + "\n")
+    render_report(suite_dir, suite, plots=False)
+    with (suite_dir / "report.csv").open() as fh:
+        row = next(csv.DictReader(fh))
+    assert row["ours_mean"] == "" or int(row["n_seeds"]) == 1, row
+
+
+def test_accuracy_at_epsilon_reads_a_null_epsilon_as_infinite(tmp_path):
+    """metrics.jsonl writes a non-finite epsilon as null (server/results.py _clean). After round 1 (epsilon
+    0.5) the epsilon is infinite, so round 2 is the first round whose epsilon reaches 1: its accuracy (0.6),
+    not the final round's with the note "epsilon never reached 1 (max 0.5)"."""
+    rows = [{"round": 1, "accuracy": 0.4, "epsilon_max": 0.5}, {"round": 2, "accuracy": 0.6, "epsilon_max": None},
+            {"round": 3, "accuracy": 0.7, "epsilon_max": None}]
+    value, note = METRICS["accuracy-at-epsilon"].fn(rows, {}, 1.0)
+    assert math.isclose(value, 0.6), (value, note)
