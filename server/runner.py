@@ -41,7 +41,8 @@ def initial_model(config: RunConfig) -> torch.nn.Module:
     model = build_model(name, federation.input_shape, federation.num_classes)
     buffers = [n for n, _ in model.named_buffers()]
     if buffers:  # e.g. BatchNorm's running statistics and its int64 num_batches_tracked
-        raise ConfigError(f"model {name!r} holds buffers ({', '.join(buffers[:3])}{', ...' if len(buffers) > 3 else ''}): "
+        raise ConfigError(f"model {name!r} holds buffers ({', '.join(buffers[:3])}"
+                          f"{', ...' if len(buffers) > 3 else ''}): "
                           "privfed's strategies treat every array of the model as a trained parameter (FedDyn, "
                           "SCAFFOLD and FedYogi step them, Opacus cannot clip them): use GroupNorm or LayerNorm, "
                           "as the built-in models do")

@@ -188,7 +188,8 @@ def test_pfedme_survives_a_fractional_test_size():
 
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
     roster = Roster(node_of={0: 101, 1: 102}, num_examples={0: 10, 1: 30})
-    strategy = PFedMe(roster, seed=1, fraction_train=0.5, log=lambda _: None, test_sizes={0: 5, 1: 5})  # one client per round
+    strategy = PFedMe(roster, seed=1, fraction_train=0.5, log=lambda _: None,  # one client per round
+                      test_sizes={0: 5, 1: 5})
     model = ArrayRecord({"w": Array(np.zeros((2, 3), np.float32))})
     replies = [Message(RecordDict({ARRAYS: model, METRICS: MetricRecord(
         {NUM_EXAMPLES: 10, "personal-accuracy": 0.5, "test-examples": 0.5})}), reply_to=m)

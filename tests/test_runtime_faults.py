@@ -71,7 +71,8 @@ def _all_nan(messages, replies):
             out.append(r)
             continue
         content = RecordDict(dict(r.content.items()))
-        content["arrays"] = ArrayRecord({k: Array(np.full_like(a.numpy(), np.nan)) for k, a in content["arrays"].items()})
+        content["arrays"] = ArrayRecord({k: Array(np.full_like(a.numpy(), np.nan))
+                                         for k, a in content["arrays"].items()})
         out.append(rewritten(r, content))
     return out
 
