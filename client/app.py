@@ -56,7 +56,7 @@ def private_release(rule, config, name: str | None = None):
     name = name or rule_name(rule)
 
     def run(client, content: RecordDict, state: RecordDict) -> RecordDict:
-        before = len(client.ledger)  # in memory: only this process's charge reloads and grows it
+        before = len(client.ledger)  # read from the node's ledger file: the rule's charge grows it
         reply = rule(client, content, state)
         if len(client.ledger) <= before and planned_entries(config, content[CONFIG], dataset_size=client.num_train):
             raise UnchargedRelease(
