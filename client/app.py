@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from client.node import local_client
-from client.privacy import BudgetExhausted, refusal
+from client.privacy import BudgetExhausted, charges_recorded, refusal
 from client.resume import resumable, snapshot_folder
 from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
@@ -56,9 +56,9 @@ def private_release(rule, config, name: str | None = None):
     name = name or rule_name(rule)
 
     def run(client, content: RecordDict, state: RecordDict) -> RecordDict:
-        before = len(client.ledger)  # read from the node's ledger file: the rule's charge grows it
+        before = charges_recorded()  # counted in this process: no second read of the ledger file
         reply = rule(client, content, state)
-        if len(client.ledger) <= before and planned_entries(config, content[CONFIG], dataset_size=client.num_train):
+        if charges_recorded() == before and planned_entries(config, content[CONFIG], dataset_size=client.num_train):
             raise UnchargedRelease(
                 f"the update rule {name} (privacy {config['privacy']!r}, strategy {config['strategy']!r}) "
                 f"replied without charging this node's privacy ledger: nothing is released. A private rule must "

@@ -27,6 +27,11 @@ from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
 
 BUDGET_EXHAUSTED = 4001  # error code of a refused train instruction (Flower's own codes are < 100)
+_charges = 0  # charges this process recorded: client/app.py releases a private reply only after one
+
+
+def charges_recorded() -> int:
+    return _charges
 
 
 class BudgetExhausted(RuntimeError):
@@ -81,6 +86,7 @@ def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry],
 
     `also`: further accountants that must stay within the budget, each with a relative tolerance (Hu et
     al.'s hu-thm1, whose sigma is calibrated to hit the target exactly); checked under the same lock."""
+    global _charges
     if not entries:
         return
     target, delta = float(config["target-epsilon"]), float(config["target-delta"])
@@ -94,6 +100,7 @@ def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry],
                     f"(spent so far {spent:.4f}, {accountant} accountant)"
                 )
         ledger.record(*entries)  # saved atomically before the lock is released
+    _charges += 1
 
 
 def refusal(msg: Message, error: BudgetExhausted) -> Message:

@@ -165,27 +165,12 @@ def test_every_shipped_suite_loads_and_validates():
 
 
 # --- n_seeds and null epsilons (review, session 12) ------------------------------------
-TINY = textwrap.dedent("""
-    [suite]
-    name = "tiny"
-    seeds = [1, 2]
-    metric = "final-loss"
-    [suite.overrides]
-    num-clients = 3
-    num-rounds = 2
-    [[cell]]
-    row = "FedAvg"
-    column = "Syn(0,0)"
-    overrides = { synthetic-alpha = 0.0, synthetic-beta = 0.0 }
-""")
-
-
 def test_report_n_seeds_is_the_number_of_runs_in_the_mean(tmp_path):
     """Seed 2 diverged: its final loss is NaN, written as null. The mean (1.0) is over seed 1 only, yet
     report.csv says n_seeds = 2 and report.md shows no [n=1]: the diverged run silently leaves the mean."""
     folder = tmp_path / "suites" / "tiny"
     folder.mkdir(parents=True)
-    (folder / "suite.toml").write_text(TINY)
+    (folder / "suite.toml").write_text(SUITE.replace("scale = 100.0", 'metric = "final-loss"'))
     suite = load_suite(str(folder))
     cell = suite.cells[0]
     suite_dir = tmp_path / "out" / suite.name
