@@ -121,15 +121,17 @@ def epsilon_note(summary: Mapping[str, Any]) -> str | None:
 
 
 def _accuracy_at_epsilon(rows, summary, param):
-    """Accuracy at the first round whose epsilon reaches `param` (the last round if it never does)."""
+    """Accuracy of the last round whose epsilon is at most `param`: the model a run had released within
+    that budget (a later round's model cost more than the label says)."""
     eps = [(r, row_epsilon(r)) for r in rows]
-    if not any(e is not None for _, e in eps):
+    known = [e for _, e in eps if e is not None]
+    if not known:
         return math.nan, "runs report no epsilon"
-    for r, e in eps:
-        if e is not None and e >= param:
-            return float(r["accuracy"]), None
-    top = max(e for _, e in eps if e is not None)
-    return float(rows[-1]["accuracy"]), f"epsilon never reached {param:g} (max {top:.3g}); final round used"
+    within = [r for r, e in eps if e is not None and e <= param]
+    if not within:
+        return math.nan, f"epsilon passed {param:g} in the first round ({min(known):.4g})"
+    note = None if max(known) >= param else f"epsilon never reached {param:g} (max {max(known):.4g})"
+    return float(within[-1]["accuracy"]), note
 
 
 METRICS: dict[str, Metric] = {
@@ -138,7 +140,7 @@ METRICS: dict[str, Metric] = {
     "best-accuracy": Metric(_best_accuracy, "best test accuracy over the rounds"),
     "accuracy-at-round": Metric(_accuracy_at_round, "test accuracy at round metric-param", True),
     "accuracy-at-epsilon": Metric(_accuracy_at_epsilon,
-                                  "test accuracy at the first round where epsilon >= metric-param", True),
+                                  "test accuracy at the last round where epsilon <= metric-param", True),
 }
 
 

@@ -144,13 +144,17 @@ def test_smoke_suite_loads():
     assert suite.with_seed_count(3).seeds == (1, 2, 3)
 
 
-def test_accuracy_at_epsilon_metric():
+def test_accuracy_at_epsilon_is_the_last_round_within_the_budget():
+    """The model a run had released within epsilon 1 is round 1's (epsilon 0.4); round 2's cost 1.1."""
     fn = METRICS["accuracy-at-epsilon"].fn
     rows = [{"round": 1, "accuracy": 0.5, "epsilon": 0.4}, {"round": 2, "accuracy": 0.6, "epsilon": 1.1},
             {"round": 3, "accuracy": 0.7, "epsilon": 1.6}]
-    assert fn(rows, {}, 1.0) == (0.6, None)
+    assert fn(rows, {}, 1.0) == (0.5, None)
+    assert fn(rows, {}, 1.1) == (0.6, None)
     value, note = fn(rows, {}, 5.0)
     assert value == 0.7 and "never reached" in note
+    value, note = fn(rows, {}, 0.3)
+    assert math.isnan(value) and "first round" in note
     value, note = fn([{"round": 1, "accuracy": 0.5}], {}, 1.0)
     assert math.isnan(value) and "no epsilon" in note
 
@@ -187,9 +191,8 @@ def test_report_n_seeds_is_the_number_of_runs_in_the_mean(tmp_path):
 
 def test_accuracy_at_epsilon_reads_a_null_epsilon_as_infinite(tmp_path):
     """metrics.jsonl writes a non-finite epsilon as null (server/results.py _clean). After round 1 (epsilon
-    0.5) the epsilon is infinite, so round 2 is the first round whose epsilon reaches 1: its accuracy (0.6),
-    not the final round's with the note "epsilon never reached 1 (max 0.5)"."""
+    0.5) the epsilon is infinite, so round 1 is the last round within epsilon 1, whatever the accuracy later."""
     rows = [{"round": 1, "accuracy": 0.4, "epsilon_max": 0.5}, {"round": 2, "accuracy": 0.6, "epsilon_max": None},
             {"round": 3, "accuracy": 0.7, "epsilon_max": None}]
     value, note = METRICS["accuracy-at-epsilon"].fn(rows, {}, 1.0)
-    assert math.isclose(value, 0.6), (value, note)
+    assert math.isclose(value, 0.4) and note is None, (value, note)
