@@ -31,9 +31,10 @@ def numpy_rng(seed: int, purpose: str, *indices: int) -> np.random.Generator:
     return np.random.default_rng(_key(seed, purpose, *indices))
 
 
-def torch_generator(seed: int, purpose: str, *indices: int) -> torch.Generator:
+def torch_generator(seed: int, purpose: str, *indices: int, device: torch.device | str = "cpu") -> torch.Generator:
+    """`device`: where the draws happen (torch refuses a CPU generator for a draw on CUDA)."""
     derived = int(np.random.SeedSequence(_key(seed, purpose, *indices)).generate_state(1, np.uint64)[0])
-    return torch.Generator().manual_seed(derived & 0x7FFF_FFFF_FFFF_FFFF)
+    return torch.Generator(device=device).manual_seed(derived & 0x7FFF_FFFF_FFFF_FFFF)
 
 
 @contextlib.contextmanager

@@ -180,6 +180,7 @@ def hu_update(client, content, state):
     loss = hu_train(client.model, client.x, client.y, steps=tau, batch_size=gamma, clip=clip, sigma=sigma,
                     lr=float(config["lr"]),
                     generator=torch_generator(root, "hu-batches", client.partition, server_round),
-                    noise_generator=torch_generator(root, "hu-noise", client.partition, server_round))
+                    noise_generator=torch_generator(root, "hu-noise", client.partition, server_round,
+                                                    device=next(client.model.parameters()).device))
     metrics = MetricRecord({NUM_EXAMPLES: m, "train-loss": loss})
     return RecordDict({ARRAYS: model_to_arrays(client.model), METRICS: metrics})
