@@ -427,6 +427,9 @@ def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
     if v["stragglers"] > 0 and v["privacy"] == "dpsgd":
         raise ConfigError("stragglers shorten local-epochs, but DP-SGD clients run local-steps (and ALI-DPFL's "
                           "and FedLAP's their own counts): set stragglers = 0")
+    if v["dataset"] == "adult" and v["adult-split"] == "hu-devices" and v["partition"] != "iid":
+        raise ConfigError(f"adult-split = 'hu-devices' deals Hu et al.'s IID devices and ignores partition = "
+                          f"{v['partition']!r}: set partition = 'iid', or adult-split = 'uci' for a label skew")
     if v["target-epsilon"] > 0 and v["privacy"] == "none" and v["strategy"] != "dpfedavg-hu":
         raise ConfigError(f"target-epsilon = {v['target-epsilon']} with privacy = 'none': a run without a "
                           "mechanism has no budget to enforce; set privacy (e.g. 'dpsgd') or target-epsilon = 0")

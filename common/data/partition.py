@@ -96,9 +96,11 @@ def dirichlet(
         for idx in by_class:
             idx = rng.permutation(idx)
             p = rng.dirichlet(np.full(num_clients, float(alpha)))
-            p = np.where(counts < cap, p, 0.0)
+            open_ = counts < cap  # never empty before the last sample is dealt
+            p = np.where(open_, p, 0.0)
             total = p.sum()
-            p = p / total if total > 0 else np.full(num_clients, 1.0 / num_clients)
+            # a tiny alpha can underflow every open client's share to 0: split among the open ones only
+            p = p / total if total > 0 else open_ / open_.sum()
             cuts = (np.cumsum(p)[:-1] * len(idx)).astype(np.int64)
             for k, piece in enumerate(np.split(idx, cuts)):
                 parts[k].append(piece)

@@ -64,7 +64,8 @@ def load_released(name: str, data_dir: str | Path) -> Federation:
         raise bad(f"missing arrays {missing}; has {sorted(files)}")
     for part in ("train", "test"):
         x, y, owner = a[f"x_{part}"], a[f"y_{part}"], a[f"client_{part}"]
-        if x.ndim != 2 or x.shape[1] != NUM_FEATURES or not (len(x) == len(y) == len(owner)):
+        if x.ndim != 2 or x.shape[1] != NUM_FEATURES or y.ndim != 1 or owner.ndim != 1 \
+                or not (len(x) == len(y) == len(owner)):
             raise bad(f"{part} arrays have shapes {x.shape}, {y.shape}, {owner.shape}; "
                       f"expected (n, {NUM_FEATURES}), (n,), (n,)")
         if set(np.unique(owner).tolist()) != set(range(NUM_CLIENTS)):
