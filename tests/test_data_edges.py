@@ -101,3 +101,21 @@ def test_released_column_vector_labels_or_owners_are_refused_as_damaged(tmp_path
     with pytest.raises(DataFileCorrupt) as info:
         load_released("syn-iid", tmp_path)
     assert str(path) in str(info.value)
+
+
+def test_an_interrupted_download_leaves_no_file_that_counts_as_present(tmp_path):
+    """The file is written beside its name and renamed: a crash mid-write leaves neither a truncated file
+    (which `_present` would count as downloaded) nor the partial temp file."""
+    from common.data.download import _place
+
+    dest = tmp_path / "adult.data"
+
+    def interrupted(tmp):
+        tmp.write_bytes(b"39, State-gov, 77516")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        _place(dest, interrupted)
+    assert list(tmp_path.iterdir()) == []
+    _place(dest, lambda tmp: tmp.write_bytes(b"whole"))
+    assert dest.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [dest]

@@ -24,6 +24,7 @@ The released Synthetic federations (syn-*) cannot be downloaded.
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import tempfile
 import urllib.request
@@ -69,7 +70,18 @@ def _fetch_adult(target: Path) -> None:
         got = hashlib.sha256(body).hexdigest()
         if got != digest:
             raise OSError(f"{ADULT_URL + name}: SHA-256 {got} does not match the published {digest}; not saved")
-        (target / name).write_bytes(body)
+        _place(target / name, lambda tmp: tmp.write_bytes(body))
+
+
+def _place(dest: Path, write) -> None:
+    """`write(tmp)` beside `dest`, then rename: an interrupted download never leaves a truncated file that
+    `_present` would count as there."""
+    tmp = dest.with_name(f".{dest.name}.part")
+    try:
+        write(tmp)
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def download(dataset: str, data_dir: str | Path, force: bool = False) -> Path:
@@ -102,7 +114,7 @@ def download(dataset: str, data_dir: str | Path, force: bool = False) -> Path:
             raw = tmp / cls.__name__ / "raw"
             folder.mkdir(parents=True, exist_ok=True)
             for stem in IDX_FILES.values():
-                shutil.copyfile(raw / f"{stem}.gz", folder / f"{stem}.gz")
+                _place(folder / f"{stem}.gz", lambda tmp, src=raw / f"{stem}.gz": shutil.copyfile(src, tmp))
         else:
             tvd.CIFAR10(root=str(tmp), train=True, download=True)
             if folder.exists():
