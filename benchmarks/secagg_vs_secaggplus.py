@@ -37,13 +37,15 @@ is excluded; means over rounds 2..R):
   as Flower deflates it for the wire (sum of `len(obj.deflate())` over the
   message's object tree), counted after the round's timer stops;
 * `round_trips`: `send_and_receive` calls per round;
-* `max_abs_err`: the aggregate against the exact weighted mean.
+* `max_abs_err`: the aggregate against the exact weighted mean. An arm more than
+  `MAX_ABS_ERR` off did not aggregate every client: `pass` is then false.
 
 The last line of the output is one JSON object
 `{"benchmark": "secagg_vs_secaggplus", ...}` with every number and the two
 ratios the project must show: `speedup_vs_secaggplus` (SecAgg+ s/round over
 ours, at the largest d) and `bytes_vs_plaintext` (our bytes up per client over
-the float32 update's 4 d bytes).
+the float32 update's 4 d bytes). `pass` is set only at the issue's size (10
+clients, d = 10^6; null otherwise).
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 MODES = ("plain", "ours", "secaggplus")
+# Far above either codec's quantisation (ours ~1e-7, SecAgg+ ~1e-5 measured), far below one client missing
+# from the weighted mean of uniform(-1, 1) vectors (~0.1).
+MAX_ABS_ERR = 1e-3
 
 
 # --- shared pieces ----------------------------------------------------------------
@@ -303,6 +308,8 @@ def run_one(mode: str, dim: int, rounds: int, clients: int, shares: int, thresho
 def summarize(mode: str, dim: int, out_dir: Path, clients: int) -> dict:
     server = json.loads((out_dir / "server.json").read_text())
     rows = [r for r in server["rows"] if r["round"] >= 2]
+    if not rows:
+        raise SystemExit("no timed round: round 1 is not timed, run --rounds 2 or more")
     cpu: dict[tuple[int, int], float] = {}
     for path in out_dir.glob("client-*.jsonl"):
         for line in path.read_text().splitlines():
@@ -378,7 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         summary["server_cpu_ratio"] = by[("secaggplus", top)]["server_cpu_s"] / by[("ours", top)]["server_cpu_s"]
         if ("plain", top) in by:
             summary["ours_vs_plain_s"] = by[("ours", top)]["s_per_round"] / by[("plain", top)]["s_per_round"]
-        summary["pass"] = bool(summary["speedup_vs_secaggplus"] >= 3.0 and summary["bytes_vs_plaintext"] <= 1.1)
+        summary["max_abs_err"] = {mode: by[(mode, top)]["max_abs_err"] for mode in MODES if (mode, top) in by}
+        exact = all(err <= MAX_ABS_ERR for err in summary["max_abs_err"].values())
+        issue_size = top == 10**6 and args.clients == 10  # #8's must-show is at this size only
+        summary["pass"] = (bool(exact and summary["speedup_vs_secaggplus"] >= 3.0
+                                and summary["bytes_vs_plaintext"] <= 1.1) if issue_size else None)
+        if not exact:
+            print(f"an aggregate is off by more than {MAX_ABS_ERR:g}: {summary['max_abs_err']}", file=sys.stderr)
         plain = f"; ours / plain s/round {summary['ours_vs_plain_s']:.2f}x" if "ours_vs_plain_s" in summary else ""
         print(f"ratio at d={top}: SecAgg+ / ours s/round {summary['speedup_vs_secaggplus']:.2f}x; ours bytes up / "
               f"float32 update {summary['bytes_vs_plaintext']:.3f}x{plain}")

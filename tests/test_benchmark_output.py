@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import data_dir_or_skip
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -65,3 +67,77 @@ def test_secagg_benchmark_prints_the_ratio_before_its_json(capsys, monkeypatch, 
     lines = capsys.readouterr().out.strip().splitlines()
     assert json.loads(lines[-1])["speedup_vs_secaggplus"] == pytest.approx(5.0)
     assert "ratio" in lines[-2] and "5.00x" in lines[-2]
+
+
+# --- what the headline JSON may claim (review, session 13) ---------------------------------------
+def _import(name: str):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
+def _fake_secagg_children(bench, monkeypatch, errors: dict[str, float], seconds: dict[str, float]):
+    class Done:
+        returncode, stdout, stderr = 0, "", ""
+
+    def fake_run(cmd, **kwargs):
+        (Path(cmd[cmd.index("--out") + 1]) / "server.json").write_text("{}")
+        return Done()
+
+    def fake_summarize(mode, dim, out_dir, clients):
+        return {"mode": mode, "dim": dim, "clients": clients, "s_per_round": seconds[mode], "s_per_round_min": 0.0,
+                "s_per_round_max": 0.0, "server_cpu_s": 0.01, "client_cpu_s": 0.01, "bytes_up": 4.01 * dim,
+                "bytes_down": 4.0 * dim, "round_trips": 4.0 if mode == "secaggplus" else 1.0,
+                "max_abs_err": errors[mode]}
+
+    monkeypatch.setattr(bench.subprocess, "run", fake_run)
+    monkeypatch.setattr(bench, "summarize", fake_summarize)
+
+
+@pytest.mark.parametrize("wrong_arm", ["ours", "secaggplus"])
+def test_secagg_benchmark_does_not_pass_when_an_arms_aggregate_is_wrong(capsys, monkeypatch, wrong_arm):
+    """`pass` (the issue's must-show) is computed from s/round and bytes only: an arm whose aggregate is
+    nowhere near the exact weighted mean (a broken protocol, or a reference arm that lost clients and so
+    ran slow) still yields pass = true. A wrong aggregate must make the headline fail."""
+    bench = _import("secagg_vs_secaggplus")
+    errors = {"plain": 1e-7, "ours": 1e-7, "secaggplus": 3e-5}
+    errors[wrong_arm] = 0.5  # values are in [-1, 1]: 0.5 off is no aggregate at all
+    _fake_secagg_children(bench, monkeypatch, errors, {"plain": 0.4, "ours": 0.5, "secaggplus": 2.0})
+    assert bench.main(["--dims", "1000000", "--clients", "10"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["speedup_vs_secaggplus"] == pytest.approx(4.0)
+    assert summary["pass"] is not True
+
+
+def test_secagg_benchmark_claims_pass_only_at_the_issues_size(capsys, monkeypatch):
+    """#8's must-show is at 10 clients and 10^6 floats; `--quick` (d = 10^4) still writes pass = true."""
+    bench = _import("secagg_vs_secaggplus")
+    _fake_secagg_children(bench, monkeypatch, {"plain": 1e-7, "ours": 1e-7, "secaggplus": 3e-5},
+                          {"plain": 0.1, "ours": 0.11, "secaggplus": 0.9})
+    assert bench.main(["--quick"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["dim"] == 10_000
+    assert summary.get("pass") is not True
+
+
+def test_table1_benchmark_ratio_compares_like_with_like(capsys, monkeypatch):
+    """The engine ratio divides `flwr run`'s whole-command wall (CLI, SuperLink, Ray start-up, imports)
+    by the in-process `run_inprocess` call alone (Python and library imports excluded, though the
+    child's whole-process wall `process_s` is measured). The ratio must compare equal scopes: whole
+    command vs whole process, or ServerApp run vs run_inprocess call."""
+    data_dir_or_skip("fedprox-synthetic", "syn_0.5_0.5.npz")
+    bench = _import("table1_run")
+    inprocess = {"run_s": 7.0, "run_cpu_s": 7.0, "import_s": 3.0, "cpu_s": 10.0, "peak_rss_mib": 300.0,
+                 "accuracy": 0.78, "process_s": 10.5}
+    simulation = {"wall_s": 42.0, "serverapp_s": 21.0, "peak_rss_mib": 1600.0, "peak_pss_mib": 900.0,
+                  "accuracy": 0.78}
+    monkeypatch.setattr(bench, "run_inprocess_engine", lambda rounds, tmp: dict(inprocess))
+    monkeypatch.setattr(bench, "run_simulation_engine", lambda rounds, tmp: dict(simulation))
+    monkeypatch.setattr(sys, "argv", ["table1_run.py", "--rounds", "2"])
+    assert bench.main() == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    like_for_like = {round(simulation["wall_s"] / inprocess["process_s"], 2),
+                     round(simulation["serverapp_s"] / inprocess["run_s"], 2)}
+    assert result["ratio"] in like_for_like, (result["ratio"], like_for_like)
