@@ -105,6 +105,7 @@ def main() -> None:
         reply = rule(client, content, RecordDict())
         return time.perf_counter() - t0, recorddict_nbytes(reply)
 
+    once(fedavg_cfg, sgd_update)  # untimed: the first training in a process pays torch's one-time start-up
     results = {}
     for name, cfg, rule in (("FedAvg", fedavg_cfg, sgd_update), ("FedLAP", fedlap_cfg, fedlap_update)):
         runs = [once(cfg, rule) for _ in range(args.repeats)]

@@ -317,11 +317,13 @@ def summarize(mode: str, dim: int, out_dir: Path, clients: int) -> dict:
             if rec["round"] >= 2:
                 key = (rec["pid"], rec["round"])
                 cpu[key] = cpu.get(key, 0.0) + rec["cpu"]
+    if not cpu:
+        raise SystemExit(f"{mode} d={dim}: no client logged its CPU time")
     mean = lambda key: float(np.mean([r[key] for r in rows]))  # noqa: E731
     out = {"mode": mode, "dim": dim, "clients": clients, "rounds_timed": len(rows),
            "s_per_round": mean("seconds"), "s_per_round_min": min(r["seconds"] for r in rows),
            "s_per_round_max": max(r["seconds"] for r in rows), "server_cpu_s": mean("server_cpu_s"),
-           "client_cpu_s": float(np.mean(list(cpu.values()))) if cpu else None,
+           "client_cpu_s": float(np.mean(list(cpu.values()))),
            "bytes_up": mean("bytes_up"), "bytes_down": mean("bytes_down"), "round_trips": mean("round_trips"),
            "max_abs_err": max(r["max_abs_err"] for r in server["rows"]), "round1_s": server["rows"][0]["seconds"]}
     if server.get("enrollment"):
