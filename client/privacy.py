@@ -1,11 +1,11 @@
 """The client's privacy ledger and budget: the data owner decides.
 
-Each node keeps one ledger per run and partition, as JSON in its state
-directory (`state-dir` node or run config; else `$PRIVFED_STATE_DIR`; else
+Each node keeps one ledger per run and partition, as an append-only file in its
+state directory (`state-dir` node or run config; else `$PRIVFED_STATE_DIR`; else
 `<results-dir>/node-state`), so a restarted client process reopens the same
 ledger, never a fresh one. `charge` is the only way to spend privacy: it
 refuses an instruction whose entries would take epsilon past `target-epsilon`
-and records the entries (saved atomically) before the update is released.
+and records the entries (appended and fsynced) before the update is released.
 
 Several processes may serve the same partition (Flower's simulation hands any
 node's message to any idle Ray actor), so the file, not an object in memory, is
@@ -52,16 +52,32 @@ def ledger_path(config: Mapping, node_config: Mapping, run_id: int, partition: i
     return state_dir(config, node_config) / f"run-{run_id}" / f"partition-{partition}.ledger.json"
 
 
+_open: dict[Path, PrivacyLedger] = {}  # this process's latest ledgers, brought up to date on each open
+_OPEN_MAX = 256
+
+
 def open_ledger(config: Mapping, node_config: Mapping, run_id: int, partition: int) -> PrivacyLedger:
+    """The partition's ledger as on disk now. One this process opened before is reloaded (only what
+    other processes appended since is read), not loaded whole again."""
     path = ledger_path(config, node_config, run_id, partition)
+    owner = f"partition-{partition}"
     with file_lock(path):  # opening creates a missing file: never over another process's first record
-        return PrivacyLedger.open(path, owner=f"partition-{partition}")
+        ledger = _open.get(path)
+        if ledger is not None and path.exists():
+            ledger.reload()
+            if ledger.owner in ("", owner):
+                return ledger
+        ledger = _open[path] = PrivacyLedger.open(path, owner=owner)  # a missing file, or another owner's
+        if len(_open) > _OPEN_MAX:
+            del _open[next(iter(_open))]
+        return ledger
 
 
 @contextlib.contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock on the ledger file `path`, across processes. It locks a lock file beside it:
-    every save replaces the ledger file itself, so a lock on that would not be held by the next."""
+    a new (or version-1) ledger file is written whole and replaces the file, so a lock on that would
+    not be held by the next."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_name(path.name + ".lock"), "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, even on an exception
@@ -99,7 +115,7 @@ def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry],
                     f"refused: this round would take epsilon past the target {target} at delta {delta} "
                     f"(spent so far {spent:.4f}, {accountant} accountant)"
                 )
-        ledger.record(*entries)  # saved atomically before the lock is released
+        ledger.record(*entries)  # appended and fsynced before the lock is released
     _charges += 1
 
 

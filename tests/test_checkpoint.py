@@ -282,9 +282,14 @@ def test_a_damaged_inflight_record_is_not_advised_away(tmp_path):
     assert "delete it" not in text, text  # deleting it would drop that round from the mirror
 
 
+def _damage_entry_line(text: str, replace) -> str:
+    header, entry, *rest = text.splitlines(keepends=True)
+    return header + replace(entry) + "".join(rest)
+
+
 @pytest.mark.parametrize("damage", [
-    lambda text: text[: len(text) // 2],  # truncated JSON
-    lambda text: json.dumps({**json.loads(text), "entries": [{"kind": "dpsgd"}]}),  # an entry without params
+    lambda text: _damage_entry_line(text + text.splitlines(keepends=True)[1], lambda line: line[: len(line) // 2] + "\n"),
+    lambda text: _damage_entry_line(text, lambda line: '{"kind": "dpsgd"}\n'),  # an entry without params
 ])
 def test_a_damaged_client_ledger_is_refused_by_name(tmp_path, damage):
     """A node's ledger file damaged: JSONDecodeError 'Expecting value: line 1 column 1' / KeyError

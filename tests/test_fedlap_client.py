@@ -93,6 +93,6 @@ def test_end_to_end_dp_ledger_has_worst_case_steps(tmp_path):
     assert rows[-1]["epsilon_max"] == pytest.approx(ledger.epsilon(1e-5), rel=1e-6)
     files = list((tmp_path / "state").rglob("*.ledger.json"))
     assert len(files) == 2
-    entries = json.loads(files[0].read_text())["entries"]
-    assert [e["kind"] for e in entries] == ["dpsgd", "post-processing"] * 2
-    assert all(e["params"]["steps"] == 4 for e in entries if e["kind"] == "dpsgd")
+    entries = PrivacyLedger.load(files[0]).entries
+    assert [e.kind for e in entries] == ["dpsgd", "post-processing"] * 2
+    assert all(e.params["steps"] == 4 for e in entries if e.kind == "dpsgd")

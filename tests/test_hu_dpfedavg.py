@@ -168,7 +168,7 @@ def test_client_records_zcdp_and_refuses_past_its_budget(tmp_path):
         assert reply["metrics"]["num-examples"] == 12
     assert [e.kind for e in client.ledger.entries] == ["zcdp"] * 3
     assert client.ledger.epsilon(1e-4, "hu-thm1") == pytest.approx(1.0, rel=1e-9)
-    assert json.loads((tmp_path / "ledger.json").read_text())["entries"][0]["params"]["rho"] > 0
+    assert PrivacyLedger.load(tmp_path / "ledger.json").entries[0].params["rho"] > 0  # on disk
     content["config"]["server-round"] = 4
     with pytest.raises(BudgetExhausted, match="past the target.*hu-thm1"):
         hu_update(client, content, RecordDict())

@@ -148,8 +148,7 @@ def epsilon(event: dpa.DpEvent, delta: float, *, accountant: str = "rdp", conver
         raise ValueError(f"unknown accountant {accountant!r}; known: {', '.join(ACCOUNTANTS)}")
     try:
         if accountant == "rdp":
-            o, r = rdp_curve(event, orders)
-            return rdp_to_epsilon(o, r, delta, conversion)[0]
+            return _rdp_epsilon(_hashable(event), delta, conversion, resolve_orders(orders))
         return _pld_epsilon(_hashable(event), delta, pld_discretization)
     except ArithmeticError:
         return math.inf
@@ -159,12 +158,17 @@ def _hashable(event: dpa.DpEvent):
     """ComposedDpEvent holds a list; a tuple makes it a cache key (same event)."""
     if isinstance(event, dpa.ComposedDpEvent):
         return ("composed", tuple(_hashable(e) for e in event.events))
+    if isinstance(event, dpa.SelfComposedDpEvent):
+        inner = _hashable(event.event)
+        return event if inner is event.event else ("self-composed", inner, event.count)
     return event
 
 
 def _unhash(key) -> dpa.DpEvent:
     if isinstance(key, tuple) and key and key[0] == "composed":
         return dpa.ComposedDpEvent([_unhash(k) for k in key[1]])
+    if isinstance(key, tuple) and key and key[0] == "self-composed":
+        return dpa.SelfComposedDpEvent(_unhash(key[1]), key[2])
     return key
 
 
@@ -200,6 +204,14 @@ def pld_interval(event: dpa.DpEvent, discretization: float = PLD_DISCRETIZATION)
     if sigma == 0:  # no noise: dp-accounting's PLD is the infinite-loss point mass, no grid
         return discretization
     return max(discretization, (1 / (2 * sigma**2) + 10 / sigma) / PLD_MAX_POINTS)
+
+
+@functools.lru_cache(maxsize=4096)
+def _rdp_epsilon(key, delta: float, conversion: str, orders: tuple[float, ...]) -> float:
+    """RDP epsilon, cached by event (DpEvents compare by value, so a grown ledger is a new key): the
+    server's mirror asks once per client per round, and clients with equal ledgers ask for the same."""
+    o, r = rdp_curve(_unhash(key), orders)
+    return rdp_to_epsilon(o, r, delta, conversion)[0]
 
 
 @functools.lru_cache(maxsize=256)

@@ -7,7 +7,26 @@ Usage on a client (the data owner):
     if ledger.would_exceed(planned, target_epsilon, target_delta):
         refuse(...)
     ...train...
-    ledger.record(*planned)          # saved atomically before the reply leaves the client
+    ledger.record(*planned)          # on disk (fsync) before the reply leaves the client
+
+The file (format version 2) is append-only JSON Lines: a header line
+`{"format": "privfed-privacy-ledger", "version": 2, "owner": ...}`, then one
+entry per line. `record` appends its entries' lines in one write and fsyncs
+before it returns, so a charge writes its own bytes only, however long the run;
+a new file (and `save`) is written whole and atomically. A crash inside `record`
+can leave a last line without its newline: nothing was released for it, so
+loading ignores it and the next `record` cuts it off before appending. Any other
+damage is an error: a ledger is never replaced by an empty one. (A file cut at a
+line boundary by something else reads as a shorter ledger, as an old copy of a
+whole-file ledger would: the server's mirror is the independent record.) Version-1 files
+(one JSON object, which is also what `to_json` gives, e.g. in checkpoints) still
+load; their first `record` converts them to version 2 (one atomic rewrite).
+
+`reload()` parses only the lines appended since the last read, and the ledger
+keeps its composition up to date entry by entry (`_Tally`), so an epsilon costs
+O(distinct mechanisms), not O(entries), and equals a recomposition of every
+entry to the last bit. `accounting.epsilon` memoises by event, so clients with
+equal ledgers (full participation) share one accountant call.
 
 `epsilon(delta)` composes every entry with an accountant:
 
@@ -28,13 +47,14 @@ says under which neighbouring relations the recorded entries were analysed.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO, NamedTuple
 
 import dp_accounting as dpa
 
@@ -42,7 +62,11 @@ from common.privacy import accounting
 from common.privacy.events import LedgerEntry
 
 FORMAT = "privfed-privacy-ledger"
-VERSION = 1
+VERSION = 2  # the file: JSON Lines, a header line then one entry per line
+OBJECT_VERSION = 1  # one JSON object with every entry: `to_json` (checkpoints) and version-1 files
+_APPROX_KINDS = ("dpsgd", "gaussian", "zcdp")  # composed by an accountant (pure: own line; post-processing: free)
+_DAMAGE = (ValueError, KeyError, TypeError, AttributeError)  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+_log = logging.getLogger(__name__)
 
 PAPER_ACCOUNTANTS: dict[str, str] = {
     "upcycled-thm6.2": "Upcycled-FL Thm 6.2: c + 2 sqrt(c log 1/delta), c = sum 1/(2 z^2) (gaussian entries)",
@@ -79,17 +103,21 @@ class EpsilonReport:
 
 class PrivacyLedger:
     """A client's privacy ledger. Bound to a file (`open`/`load`), every
-    `record` is saved atomically before it returns."""
+    `record` is on disk (appended, fsynced) before it returns."""
 
     def __init__(self, entries: Iterable[LedgerEntry] = (), *, owner: str = "", path: str | os.PathLike | None = None):
-        self._entries: list[LedgerEntry] = list(entries)
         self.owner = owner
         self.path: Path | None = Path(path) if path is not None else None
+        self._pos: _Pos | None = None  # the part of the bound file read so far (None: not read, or version 1)
+        self._torn_warned: _Pos | None = None
+        self._set_entries(list(entries))
 
     # -- contents -----------------------------------------------------------
     @property
     def entries(self) -> tuple[LedgerEntry, ...]:
-        return tuple(self._entries)
+        if self._entries_tuple is None:
+            self._entries_tuple = tuple(self._entries)
+        return self._entries_tuple
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -100,19 +128,55 @@ class PrivacyLedger:
     def __repr__(self) -> str:
         return f"PrivacyLedger(owner={self.owner!r}, entries={len(self._entries)}, path={self.path})"
 
+    def _set_entries(self, entries: list[LedgerEntry], tally: _Tally | None = None) -> None:
+        self._entries, self._entries_tuple = entries, None
+        self._tally = tally if tally is not None else _Tally(entries)
+
+    def _extend(self, entries: Sequence[LedgerEntry], tally: _Tally) -> None:
+        self._entries.extend(entries)
+        self._entries_tuple, self._tally = None, tally
+
     def record(self, *entries: LedgerEntry) -> None:
-        """Append entries (and save, if bound to a file). Record *before* the
-        output leaves the client, so a crash can only over-count."""
+        """Append entries; bound to a file, append them to it (one write, fsync) before returning. Record
+        *before* the output leaves the client, so a crash can only over-count. Lines another process
+        appended since the last read are read first: the file is the ledger."""
         for e in entries:
             if not isinstance(e, LedgerEntry):
                 raise TypeError(f"expected a LedgerEntry, got {type(e).__name__}")
-        self._entries.extend(entries)
-        if self.path is not None:
-            self.save(self.path)
+        tally = self._tally.plus(entries)  # a malformed entry is refused before anything is written
+        if self.path is None:
+            self._extend(entries, tally)
+            return
+        lines = b"".join(_line(e.to_json()) for e in entries)
+        try:
+            f = open(self.path, "r+b")
+        except FileNotFoundError:
+            self._rewrite(entries)  # the first record of a ledger made in memory: a new file
+            return
+        with f:
+            end = self._catch_up(f)
+            if end is None:  # a version-1 file: converted to version 2 (one atomic rewrite) with the entries
+                self._rewrite(entries)
+                return
+            tally = self._tally.plus(entries)
+            if f.seek(0, os.SEEK_END) > end:
+                f.truncate(end)  # a torn last line (a record that never returned) must not join these lines
+            f.seek(end)
+            f.write(lines)
+            f.flush()
+            os.fsync(f.fileno())
+        self._extend(entries, tally)
+        self._pos = self._pos._replace(end=end + len(lines))
+
+    def _rewrite(self, entries: Sequence[LedgerEntry]) -> None:
+        """Write the file whole (atomically) with the entries so far and `entries`."""
+        tally, everything = self._tally.plus(entries), [*self._entries, *entries]
+        self._pos = _write_new(self.path, self.owner, everything)
+        self._set_entries(everything, tally)
 
     def steps(self) -> int:
         """Total DP-SGD steps recorded (ALI-DPFL's t)."""
-        return sum(int(e.params["steps"]) for e in self._entries if e.kind == "dpsgd")
+        return self._tally.steps
 
     def rounds(self) -> list[int]:
         """The distinct rounds with an entry, in order."""
@@ -120,45 +184,41 @@ class PrivacyLedger:
 
     def relations(self) -> set[str]:
         """The neighbouring relations the recorded guarantees were derived under."""
-        return {e.params["relation"] for e in self._entries if "relation" in e.params}
+        return set(self._tally.relations)
 
     def assumptions(self) -> set[str]:
         """Conditions some recorded bound needs that the run did not enforce (events.py): with any, the
         epsilon is the papers' formula, not a guarantee."""
-        return {e.params["assumption"] for e in self._entries if "assumption" in e.params}
+        return set(self._tally.assumptions)
 
     # -- accounting ------------------------------------------------------------
     def to_dp_event(self, extra: Sequence[LedgerEntry] = ()) -> dpa.DpEvent:
         """The composition of every non-pure entry (plus `extra`) as one
         dp-accounting event. Identical events are merged into one
         SelfComposedDpEvent (composition is commutative) to keep PLD fast."""
-        return _compose([e for e in (*self._entries, *extra) if not e.is_pure])
+        return self._tally.plus(extra).dp_event()
 
     def pure_epsilon(self, extra: Sequence[LedgerEntry] = ()) -> float:
         """Sum of the pure-DP entries (basic composition)."""
-        return math.fsum(float(e.params["epsilon"]) for e in (*self._entries, *extra) if e.is_pure)
+        return math.fsum(self._tally.plus(extra).pure)
 
     def report(self, delta: float, accountant: str = "rdp", *, conversion: str = "balle",
                orders: accounting.Orders | None = None, extra: Sequence[LedgerEntry] = ()) -> EpsilonReport:
         """epsilon(delta) of the ledger (plus the prospective `extra` entries,
         without recording them), by `accountant`: 'rdp' (with `conversion`
         'classic'|'balle' and `orders`), 'pld', or a name in PAPER_ACCOUNTANTS."""
-        entries = [*self._entries, *extra]
-        counts: dict[str, int] = {}
-        for e in entries:
-            counts[e.kind] = counts.get(e.kind, 0) + 1
-        pure = self.pure_epsilon(extra)
-        approx_entries = [e for e in entries if not e.is_pure and not e.is_post_processing]
+        tally = self._tally.plus(extra)
+        pure = math.fsum(tally.pure)
         conv: str | None = conversion if accountant == "rdp" else None
         if accountant in PAPER_ACCOUNTANTS:
-            approx, conv = _paper_epsilon(accountant, approx_entries, delta)
-        elif not approx_entries:
+            approx, conv = _paper_epsilon(accountant, tally, delta)
+        elif not tally.approx_kinds():
             accounting._check_delta(delta)
             approx = 0.0
         else:
-            approx = accounting.epsilon(_compose(approx_entries), delta, accountant=accountant,
+            approx = accounting.epsilon(tally.dp_event(), delta, accountant=accountant,
                                         conversion=conversion, orders=orders)
-        return EpsilonReport(accountant, float(delta), approx, pure, approx + pure, conv, counts)
+        return EpsilonReport(accountant, float(delta), approx, pure, approx + pure, conv, dict(tally.kinds))
 
     def epsilon(self, delta: float, accountant: str = "rdp", *, conversion: str = "balle",
                 orders: accounting.Orders | None = None, extra: Sequence[LedgerEntry] = ()) -> float:
@@ -210,7 +270,7 @@ class PrivacyLedger:
 
     def sampling(self) -> list[str]:
         """Sampling schemes the entries are accounted with: Poisson for DP-SGD, none (no amplification) else."""
-        kinds = {e.kind for e in self._entries if not e.is_post_processing}
+        kinds = {k for k, n in self._tally.kinds.items() if n and k != "post-processing"}
         return sorted({"poisson" if kind == "dpsgd" else "none" for kind in kinds})
 
     def summary_lines(self, delta: float, accountants: Sequence[str] = ("rdp", "pld"),
@@ -235,66 +295,88 @@ class PrivacyLedger:
         return lines
 
     # -- persistence ------------------------------------------------------------
+    # The file names stay `*.ledger.json` whatever the format: a resumed run looks its ledger up by name,
+    # and one that did not find it would start a fresh ledger and under-count.
     def to_json(self) -> dict[str, Any]:
-        return {"format": FORMAT, "version": VERSION, "owner": self.owner,
+        """The ledger as one JSON object (format version 1: checkpoints, and version-1 files)."""
+        return {"format": FORMAT, "version": OBJECT_VERSION, "owner": self.owner,
                 "entries": [e.to_json() for e in self._entries]}
 
     @classmethod
     def from_json(cls, obj: dict[str, Any], path: str | os.PathLike | None = None) -> "PrivacyLedger":
-        if obj.get("format") != FORMAT or obj.get("version") != VERSION:
-            raise ValueError(f"not a privfed privacy ledger (version {VERSION}): format={obj.get('format')!r}, "
-                             f"version={obj.get('version')!r}")
+        _check_format(obj, OBJECT_VERSION)
         return cls([LedgerEntry.from_json(e) for e in obj["entries"]], owner=obj.get("owner", ""), path=path)
 
     def save(self, path: str | os.PathLike | None = None) -> Path:
-        """Write the ledger as JSON atomically (temp file in the same folder,
-        fsync, os.replace), so a crash leaves the old or the new ledger."""
+        """Write the whole ledger (version 2) atomically (temp file in the same folder, fsync,
+        os.replace), so a crash leaves the old or the new file: for a new path, or a new file."""
         target = Path(path) if path is not None else self.path
         if target is None:
             raise ValueError("no path to save the ledger to")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(self.to_json(), indent=1, allow_nan=False)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
-        try:  # make the rename durable
-            dir_fd = os.open(target.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
-        except OSError:
-            pass
+        pos = _write_new(target, self.owner, self._entries)
+        if target == self.path:
+            self._pos = pos
         return target
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "PrivacyLedger":
         """Load a saved ledger (bound to `path`). A missing or unreadable file is
         an error: a ledger is never silently replaced by a fresh one."""
-        p = Path(path)
-        try:
-            with p.open(encoding="utf-8") as f:
-                obj = json.load(f)
-            return cls.from_json(obj, path=p)
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:  # JSONDecodeError is a ValueError
-            raise ValueError(f"privacy ledger {p} is damaged ({type(exc).__name__}: {exc}); it is never replaced "
-                             "by an empty one: restore it, or start the run under another run-name") from None
+        ledger = cls(path=path)
+        with open(ledger.path, "rb") as f:
+            ledger._catch_up(f)
+        return ledger
 
     def reload(self) -> None:
-        """Replace the entries with those in the bound file: another process may have recorded since.
-        A bound ledger whose file does not exist yet keeps its entries (its first `record` writes it)."""
+        """Bring the entries up to date with the bound file: another process may have recorded since.
+        Reads only what was appended since the last read; a bound ledger whose file does not exist yet
+        keeps its entries (its first `record` writes it)."""
         if self.path is None:
             raise ValueError("the ledger is not bound to a file")
-        if self.path.exists():
-            self._entries = list(PrivacyLedger.load(self.path)._entries)
+        try:
+            f = open(self.path, "rb")
+        except FileNotFoundError:
+            return
+        with f:
+            self._catch_up(f)
+
+    def _catch_up(self, f: BinaryIO) -> int | None:
+        """Read the open ledger file `f`: only the lines after those read before when it is the same file
+        (inode) and not shorter (the file is only ever appended to, or replaced whole by a new inode), else
+        all of it. Returns where its complete lines end (None for a version-1 file)."""
+        st = os.fstat(f.fileno())
+        pos = self._pos
+        if pos is not None and (pos.dev, pos.ino) == (st.st_dev, st.st_ino) and st.st_size >= pos.end:
+            f.seek(pos.end - 1)
+            data = f.read()
+            if data[:1] == b"\n":  # still a line boundary: an append, not a rewrite in place
+                try:
+                    entries, n = _complete_lines(data[1:])
+                    tally = self._tally.plus(entries)
+                except _DAMAGE as exc:
+                    raise _damaged(self.path, exc) from None
+                self._extend(entries, tally)
+                return self._read_to(st, pos.end + n, len(data) - 1 - n)
+        f.seek(0)
+        data = f.read()
+        try:
+            owner, entries, end = _parse_file(data)
+            self._set_entries(entries)
+        except _DAMAGE as exc:
+            raise _damaged(self.path, exc) from None
+        self.owner = owner
+        if end is None:
+            self._pos = None
+            return None
+        return self._read_to(st, end, len(data) - end)
+
+    def _read_to(self, st: os.stat_result, end: int, torn: int) -> int:
+        self._pos = _Pos(st.st_dev, st.st_ino, end)
+        if torn and self._torn_warned != self._pos:
+            self._torn_warned = self._pos
+            _log.warning("privacy ledger %s: ignoring an incomplete last line (%d bytes) of a record that never "
+                         "returned; the next record cuts it off", self.path, torn)
+        return end
 
     @classmethod
     def open(cls, path: str | os.PathLike, owner: str = "") -> "PrivacyLedger":
@@ -311,6 +393,89 @@ class PrivacyLedger:
         return ledger
 
 
+# ---------------------------------------------------------------------------
+# The composition, kept up to date entry by entry
+# ---------------------------------------------------------------------------
+class _Tally:
+    """What the accountants read from a list of entries, updated entry by entry in recording order, so
+    every figure is the float a pass over all entries gives (order matters for float sums and for the
+    order of the composed events)."""
+
+    def __init__(self, entries: Iterable[LedgerEntry] = ()) -> None:
+        self.kinds: dict[str, int] = {}  # entries per kind, in order of first appearance
+        self.amounts: dict[tuple[Any, ...], Any] = {}  # _event_key -> steps, count or rho: the composition
+        self.pure: list[float] = []  # epsilons of the pure-DP entries (basic composition, fsum)
+        self.rho: list[float] = []  # rhos of the zcdp entries (hu-thm1, fsum)
+        self.thm62_c: float = 0  # Upcycled-FL Thm 6.2's c, summed in the order upcycled_output_epsilon sums it
+        self.steps = 0
+        self.relations: set[str] = set()
+        self.assumptions: set[str] = set()
+        self.add(entries)
+
+    def add(self, entries: Iterable[LedgerEntry]) -> None:
+        for e in entries:
+            p = e.params
+            self.kinds[e.kind] = self.kinds.get(e.kind, 0) + 1
+            if "relation" in p:
+                self.relations.add(p["relation"])
+            if "assumption" in p:
+                self.assumptions.add(p["assumption"])
+            if e.is_pure:
+                self.pure.append(float(p["epsilon"]))
+            elif not e.is_post_processing:
+                self._add_approx(e)
+
+    def _add_approx(self, e: LedgerEntry) -> None:
+        key, p = _event_key(e), e.params
+        amount = {"dpsgd": lambda: int(p["steps"]), "gaussian": lambda: int(p.get("count", 1)),
+                  "zcdp": lambda: float(p["rho"])}[e.kind]()
+        self.amounts[key] = self.amounts.get(key, 0) + amount
+        if e.kind == "dpsgd":
+            self.steps += amount
+        elif e.kind == "zcdp":
+            self.rho.append(amount)
+        else:
+            z = key[1]
+            term = 1.0 / (2.0 * z * z) if z * z else math.inf  # a noise multiplier so small z^2 is 0: no bound
+            for _ in range(amount):
+                self.thm62_c += term
+
+    def copy(self) -> "_Tally":
+        new = object.__new__(_Tally)
+        new.__dict__.update(self.__dict__)
+        new.kinds, new.amounts = dict(self.kinds), dict(self.amounts)
+        new.pure, new.rho = list(self.pure), list(self.rho)
+        new.relations, new.assumptions = set(self.relations), set(self.assumptions)
+        return new
+
+    def plus(self, extra: Sequence[LedgerEntry]) -> "_Tally":
+        """This tally with `extra` added after the recorded entries (itself, unchanged, without extra)."""
+        if not extra:
+            return self
+        new = self.copy()
+        new.add(extra)
+        return new
+
+    def approx_kinds(self) -> set[str]:
+        return {k for k in _APPROX_KINDS if self.kinds.get(k)}
+
+    def dp_event(self) -> dpa.DpEvent:
+        """One event per distinct mechanism, in order of first appearance."""
+        events: list[dpa.DpEvent] = []
+        for key, amount in self.amounts.items():
+            if key[0] == "dpsgd":
+                if amount:
+                    events.append(accounting.dpsgd_event(key[1], key[2], int(amount)))
+            elif key[0] == "gaussian":
+                if amount:
+                    events.append(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(key[1]), int(amount)))
+            else:
+                events.append(dpa.ZCDpEvent(float(amount)))
+        if not events:
+            return dpa.NoOpDpEvent()
+        return events[0] if len(events) == 1 else dpa.ComposedDpEvent(events)
+
+
 def _event_key(e: LedgerEntry) -> tuple[Any, ...]:
     p = e.params
     if e.kind == "dpsgd":
@@ -323,46 +488,103 @@ def _event_key(e: LedgerEntry) -> tuple[Any, ...]:
 
 
 def _compose(entries: Sequence[LedgerEntry]) -> dpa.DpEvent:
-    counts: dict[tuple[Any, ...], float] = {}
-    for e in entries:
-        if e.is_post_processing:
-            continue
-        key = _event_key(e)
-        p = e.params
-        amount = {"dpsgd": lambda: int(p["steps"]), "gaussian": lambda: int(p.get("count", 1)),
-                  "zcdp": lambda: float(p["rho"])}[e.kind]()
-        counts[key] = counts.get(key, 0) + amount
-    events: list[dpa.DpEvent] = []
-    for key, amount in counts.items():
-        if key[0] == "dpsgd":
-            if amount:
-                events.append(accounting.dpsgd_event(key[1], key[2], int(amount)))
-        elif key[0] == "gaussian":
-            if amount:
-                events.append(dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(key[1]), int(amount)))
-        else:
-            events.append(dpa.ZCDpEvent(float(amount)))
-    if not events:
-        return dpa.NoOpDpEvent()
-    return events[0] if len(events) == 1 else dpa.ComposedDpEvent(events)
+    """The dp-accounting event of `entries` (pure entries are not in it)."""
+    return _Tally(e for e in entries if not e.is_pure).dp_event()
 
 
-def _paper_epsilon(name: str, entries: Sequence[LedgerEntry], delta: float) -> tuple[float, str | None]:
+def _paper_epsilon(name: str, tally: _Tally, delta: float) -> tuple[float, str | None]:
     allowed = _PAPER_KINDS[name]
-    other = {e.kind for e in entries} - allowed
+    other = tally.approx_kinds() - allowed
     if other:
         raise ValueError(f"accountant {name!r} covers {', '.join(sorted(allowed))} entries only; "
                          f"the ledger also holds {', '.join(sorted(other))}")
     accounting._check_delta(delta)
-    if not entries:
+    if not tally.approx_kinds():
         return 0.0, None
-    if name == "upcycled-thm6.2":
-        zs = []
-        for e in entries:
-            zs += [float(e.params["noise_multiplier"])] * int(e.params.get("count", 1))
-        return accounting.upcycled_output_epsilon(zs, delta), None
+    if name == "upcycled-thm6.2":  # accounting.upcycled_output_epsilon, with its c kept as entries arrive
+        c = tally.thm62_c
+        return (accounting.zcdp_epsilon(c, delta) if c > 0 else 0.0), None
     if name == "hu-thm1":
-        return accounting.zcdp_epsilon(math.fsum(float(e.params["rho"]) for e in entries), delta), None
+        return accounting.zcdp_epsilon(math.fsum(tally.rho), delta), None
     if name == "ali-eq12":
-        return accounting.epsilon(_compose(entries), delta, conversion="classic", orders="integer"), "classic"
-    return accounting.epsilon(_compose(entries), delta, conversion="balle", orders="fedlap"), "balle"
+        return accounting.epsilon(tally.dp_event(), delta, conversion="classic", orders="integer"), "classic"
+    return accounting.epsilon(tally.dp_event(), delta, conversion="balle", orders="fedlap"), "balle"
+
+
+# ---------------------------------------------------------------------------
+# The file
+# ---------------------------------------------------------------------------
+class _Pos(NamedTuple):
+    """How far a ledger file has been read: its device and inode, and where its last complete line ends."""
+
+    dev: int
+    ino: int
+    end: int
+
+
+def _line(obj: dict[str, Any]) -> bytes:
+    return (json.dumps(obj, allow_nan=False, separators=(",", ":")) + "\n").encode()
+
+
+def _check_format(obj: dict[str, Any], version: int) -> None:
+    if obj.get("format") != FORMAT or obj.get("version") != version:
+        raise ValueError(f"not a privfed privacy ledger (version {version}): format={obj.get('format')!r}, "
+                         f"version={obj.get('version')!r}")
+
+
+def _complete_lines(data: bytes) -> tuple[list[LedgerEntry], int]:
+    """The entries on the complete lines of `data` and the bytes they take; a last line without its
+    newline (a record that never returned) is left out."""
+    n = data.rfind(b"\n") + 1
+    return [LedgerEntry.from_json(json.loads(line)) for line in data[:n].split(b"\n")[:-1]], n
+
+
+def _parse_file(data: bytes) -> tuple[str, list[LedgerEntry], int | None]:
+    """(owner, entries, where the complete lines end) of a ledger file's bytes; None for version 1."""
+    first = data.split(b"\n", 1)[0]
+    try:
+        header = json.loads(first)
+    except ValueError:
+        header = None
+    if not isinstance(header, dict) or "entries" in header:  # version 1: one JSON object, maybe indented
+        obj = json.loads(data)
+        ledger = PrivacyLedger.from_json(obj)
+        return ledger.owner, ledger._entries, None
+    _check_format(header, VERSION)
+    if len(first) == len(data):
+        raise ValueError("the header line is incomplete")
+    entries, n = _complete_lines(data[len(first) + 1:])
+    return str(header.get("owner", "")), entries, len(first) + 1 + n
+
+
+def _damaged(path: Path | None, exc: Exception) -> ValueError:
+    return ValueError(f"privacy ledger {path} is damaged ({type(exc).__name__}: {exc}); it is never replaced "
+                      "by an empty one: restore it, or start the run under another run-name")
+
+
+def _write_new(target: Path, owner: str, entries: Sequence[LedgerEntry]) -> _Pos:
+    """Write a version-2 file whole, atomically (temp file in the same folder, fsync, os.replace)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    data = _line({"format": FORMAT, "version": VERSION, "owner": owner}) + b"".join(
+        _line(e.to_json()) for e in entries)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+            st = os.fstat(f.fileno())  # os.replace keeps the inode
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    try:  # make the rename durable
+        dir_fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+    except OSError:
+        pass
+    return _Pos(st.st_dev, st.st_ino, len(data))
