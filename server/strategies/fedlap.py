@@ -38,7 +38,7 @@ from common.fedlap.augment import augment
 from common.fedlap.trust import param_distance, vote_radius
 from common.models import build_model
 from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
-from common.seeding import torch_generator
+from common.seeding import global_torch_rng, torch_generator
 from server.replies import DROPPING, arrays_problem, examples_problem, magnitude_problem, read_payload
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
@@ -78,8 +78,9 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
     if (counts != ipc).any():
         return f"expected {ipc} images per class (ipc x classes = {ipc * len(classes)}), got counts {counts.tolist()}"
     radius = metric.get(RADIUS)
-    if not isinstance(radius, (int, float)) or isinstance(radius, bool) or not math.isfinite(radius) or radius <= 0:
-        return f"{RADIUS!r} must be a positive finite number, got {radius!r}"
+    # 0 is honest: calibrate_radius gives 0 when steps on S_k do not move the model (a saturated softmax)
+    if not isinstance(radius, (int, float)) or isinstance(radius, bool) or not math.isfinite(radius) or radius < 0:
+        return f"{RADIUS!r} must be a finite number >= 0, got {radius!r}"
     if radius > max_radius:  # clients clip r_k to r: a larger one is forged (it would steer a max/median vote)
         return f"{RADIUS!r} = {radius!r} exceeds the trust-region radius r = {max_radius!r}"
     return examples_problem(metric, max_examples)
@@ -177,10 +178,13 @@ class FedLap(RosterSampling, FlowerFedAvg):
         rule = str(self.config["fedlap-server-radius"])
         r_g = vote_radius(radii, rule)
         lr = round_lr(self.config, server_round)
-        steps, moved, loss = train_on_sets(
-            self.model, sets, lr=lr, radius=r_g, max_steps=int(self.config["fedlap-server-steps"]),
-            batch=int(self.config["fedlap-server-batch"]), dsa=bool(self.config["fedlap-dsa"]),
-            generator=torch_generator(int(self.config["seed"]), "server-fedlap", server_round))
+        seed = int(self.config["seed"])
+        device = next(self.model.parameters()).device
+        with global_torch_rng(seed, "server-fedlap-global", server_round, device=device):  # dropout masks
+            steps, moved, loss = train_on_sets(
+                self.model, sets, lr=lr, radius=r_g, max_steps=int(self.config["fedlap-server-steps"]),
+                batch=int(self.config["fedlap-server-batch"]), dsa=bool(self.config["fedlap-dsa"]),
+                generator=torch_generator(seed, "server-fedlap", server_round))
         trained = model_to_arrays(self.model)
         diverged = arrays_problem(trained, self._sent, what="trained array")  # sets that passed the screen
         if diverged:  # can still blow the model up: never adopt that
