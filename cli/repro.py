@@ -70,8 +70,11 @@ def run_job(overrides: dict[str, Any], threads: int = 1) -> tuple[str, float]:
 
 
 def _worker_init() -> None:
+    import signal
+
     import torch
 
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops workers
     torch.set_num_threads(1)  # one run per worker: N jobs use N cores
 
 
@@ -231,7 +234,9 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> list[tuple[Jo
                         job = pending.pop(fut)
                         e = fut.exception()
                         finished(progress, task, job, None if e else fut.result(), e)
-            except KeyboardInterrupt:
+            except KeyboardInterrupt:  # leaving the block would wait for the runs under way: stop them
+                for proc in (pool._processes or {}).values():  # private, but the only handle on a worker
+                    proc.kill()
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
     return failed

@@ -183,13 +183,15 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
 
         return run_inprocess(config, workers=workers, console=console, threads=threads)
     if engine == "simulation":
-        from server.flower_run import run_with_flower
+        from server.flower_run import TIMED_OUT, run_with_flower
 
         code, output, results = run_with_flower(absolute_paths(overrides), int(config["num-clients"]),
                                                 timeout=timeout, echo=echo)
         if code != 0 or results is None:
             tail = "\n".join(output.rstrip().splitlines()[-15:])
-            raise SimulationFailed(f"flwr run failed (exit code {code}); last output:\n{tail}")
+            why = (f"timed out after {timeout:g} s (--timeout)" if TIMED_OUT in output
+                   else f"failed (exit code {code})")
+            raise SimulationFailed(f"flwr run {why}; last output:\n{tail}")
         return results
     raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
 

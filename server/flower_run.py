@@ -80,12 +80,16 @@ def _zombie(pid: int) -> bool:
         return True
 
 
+TIMED_OUT = "privfed: flwr run stopped at its timeout of"  # the last output line of a run the watchdog stopped
+
+
 def run_with_flower(overrides: Mapping[str, object], num_supernodes: int, *, flwr_home: Path | None = None,
                     timeout: float = 1800, echo: Callable[[str], None] | None = None) -> tuple[int, str, Path | None]:
     """`flwr run <app> --stream` in simulation with `num_supernodes` nodes.
 
     Returns (exit code, combined output, results folder or None). Every process
-    started for the run is stopped before returning.
+    started for the run is stopped before returning; one stopped at `timeout` ends
+    its output with a `TIMED_OUT` line.
     """
     with tempfile.TemporaryDirectory(prefix="privfed-flwr-") as tmp:
         home = Path(flwr_home or Path(tmp) / "flwr-home").resolve()
@@ -100,7 +104,8 @@ def run_with_flower(overrides: Mapping[str, object], num_supernodes: int, *, flw
             proc = subprocess.Popen(command, env=flower_env(home), stdout=subprocess.PIPE,
                                     stderr=subprocess.STDOUT, text=True, cwd=APP_DIR)
             # a run that hangs silently never yields a line: a timer, not the read loop, enforces the timeout
-            watchdog = threading.Timer(timeout, lambda: stop_processes([proc.pid, *pids_with_home(home)]))
+            fired = threading.Event()
+            watchdog = threading.Timer(timeout, lambda: (fired.set(), stop_processes([proc.pid, *pids_with_home(home)])))
             watchdog.daemon = True
             watchdog.start()
             for line in proc.stdout:  # type: ignore[union-attr]
@@ -112,6 +117,8 @@ def run_with_flower(overrides: Mapping[str, object], num_supernodes: int, *, flw
             if watchdog is not None:
                 watchdog.cancel()
             stop_processes(pids_with_home(home))
+        if watchdog is not None and fired.is_set():
+            lines.append(f"{TIMED_OUT} {timeout:g} s\n")
         output = "".join(lines)
         match = RESULTS_LINE.search(output)
         return code, output, Path(match.group(1).strip()) if match else None

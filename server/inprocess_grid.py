@@ -31,6 +31,7 @@ from __future__ import annotations
 import importlib
 import multiprocessing
 import secrets
+import signal
 import time
 import traceback
 from concurrent.futures import Future, ProcessPoolExecutor, wait
@@ -100,6 +101,7 @@ def _worker_init(app_spec: str, contexts: dict[int, Context], threads: int) -> N
     import torch
 
     global _worker_app
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the parent stops workers
     torch.set_num_threads(threads)
     _worker_app = load_client_app(app_spec)
     _worker_contexts.update(contexts)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import math
@@ -9,7 +11,7 @@ import platform
 import time
 from importlib import metadata
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -70,6 +72,23 @@ def refuse_taken(run_dir: Path) -> None:
 
         raise ConfigError(f"results folder {run_dir} already holds a run; choose another run-name or remove "
                           "that folder")
+
+
+@contextlib.contextmanager
+def hold_run_folder(run_dir: Path) -> Iterator[None]:
+    """Hold `run_dir` while a run writes it: another run (or a resume) of the same folder meanwhile is a
+    ConfigError, not a second writer of its files. An flock on `.running`: it ends with the process,
+    however the process ends, so a crashed run leaves no stale claim."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / ".running", "a") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            from common.config import ConfigError
+
+            raise ConfigError(f"results folder {run_dir} is in use by a run still going; choose another "
+                              "run-name") from None
+        yield
 
 
 def _clean(value: Any) -> Any:

@@ -28,7 +28,8 @@ from server.metered_grid import MeteredGrid
 from server.polling_grid import with_polling
 from server.privacy_mirror import PrivacyMirror
 from server.replies import DROPPING
-from server.results import ResultsWriter, claim_run_names, default_run_name, package_versions, refuse_taken
+from server.results import (ResultsWriter, claim_run_names, default_run_name, hold_run_folder, package_versions,
+                            refuse_taken)
 from server.roster import enroll
 from server.strategies.chain import declared
 from server.strategies.registry import build_strategy
@@ -137,8 +138,14 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     results_root = Path(str(config["results-dir"])).expanduser().resolve()
     run_dir = results_root / (str(config["run-name"]) or claim_run_names(results_root, default_run_name(config),
                                                                            [""]))
-    if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
-        refuse_taken(run_dir)
+    with hold_run_folder(run_dir):  # before the check: two runs of one explicit run-name never both pass it
+        if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
+            refuse_taken(run_dir)
+        return _federate(grid, config, console, log, checkpointer, run_dir, started)
+
+
+def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer: Checkpointer, run_dir: Path,
+              started: float) -> Path:
     metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
     roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log,
                     sizes=[client.num_train for client in load_federation(config).clients])  # cached: loaded anyway
@@ -244,11 +251,11 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
         "privacy": mirror.summary(),
     }
-    writer.write_summary(summary)
     if mirror.enabled:
         writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")
     writer.save_model(arrays)
     writer.plot_accuracy(f"{config['strategy']} on {config['dataset']}")
+    writer.write_summary(summary)  # last: summary.json marks a finished run (repro, report)
     spent = f", epsilon {spent_text(final, 4)} at delta {final['delta']:g}" if "epsilon_max" in final else ""
     console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {finite_text(final['loss'], 4)}{spent}")
     if mirror.enabled:
