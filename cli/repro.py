@@ -56,16 +56,17 @@ def run_job(overrides: dict[str, Any], threads: int = 1) -> tuple[str, float]:
 
     from common.config import validate
     from server.inprocess import quiet_flower, run_inprocess
+    from server.results import hold_run_folder
 
     config = validate(overrides)
     run_dir = Path(str(config["results-dir"])) / str(config["run-name"])
-    run_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("summary.json", "metrics.jsonl"):  # `plan` found this run stale or unfinished: it is redone
-        (run_dir / name).unlink(missing_ok=True)
-    started = time.perf_counter()
-    with (run_dir / "log.txt").open("w") as fh, quiet_flower(logging.ERROR):  # no Flower lines over the progress bar
-        console = Console(file=fh, highlight=False, width=120, force_terminal=False, color_system=None)
-        result = run_inprocess(config, console=console, threads=threads)
+    with hold_run_folder(run_dir):  # a run still going there is refused before its files are touched
+        for name in ("summary.json", "metrics.jsonl"):  # `plan` found this run stale or unfinished: redone
+            (run_dir / name).unlink(missing_ok=True)
+        started = time.perf_counter()
+        with (run_dir / "log.txt").open("w") as fh, quiet_flower(logging.ERROR):  # no Flower lines over the bar
+            console = Console(file=fh, highlight=False, width=120, force_terminal=False, color_system=None)
+            result = run_inprocess(config, console=console, threads=threads)
     return str(result), time.perf_counter() - started
 
 

@@ -74,11 +74,18 @@ def refuse_taken(run_dir: Path) -> None:
                           "that folder")
 
 
+_held: set[Path] = set()
+
+
 @contextlib.contextmanager
 def hold_run_folder(run_dir: Path) -> Iterator[None]:
     """Hold `run_dir` while a run writes it: another run (or a resume) of the same folder meanwhile is a
     ConfigError, not a second writer of its files. An flock on `.running`: it ends with the process,
     however the process ends, so a crashed run leaves no stale claim."""
+    run_dir = run_dir.resolve()
+    if run_dir in _held:  # this process holds it already (repro's job, then the run inside it)
+        yield
+        return
     run_dir.mkdir(parents=True, exist_ok=True)
     with open(run_dir / ".running", "a") as fh:
         try:
@@ -88,7 +95,11 @@ def hold_run_folder(run_dir: Path) -> Iterator[None]:
 
             raise ConfigError(f"results folder {run_dir} is in use by a run still going; choose another "
                               "run-name") from None
-        yield
+        _held.add(run_dir)
+        try:
+            yield
+        finally:
+            _held.discard(run_dir)
 
 
 def _clean(value: Any) -> Any:

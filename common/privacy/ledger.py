@@ -111,6 +111,7 @@ class PrivacyLedger:
         self._pos: _Pos | None = None  # the part of the bound file read so far (None: not read, or version 1)
         self._torn_warned: _Pos | None = None
         self._set_entries(list(entries))
+        self._on_disk = not self._entries  # entries made in memory are not the bound file's
 
     # -- contents -----------------------------------------------------------
     @property
@@ -173,6 +174,7 @@ class PrivacyLedger:
         tally, everything = self._tally.plus(entries), [*self._entries, *entries]
         self._pos = _write_new(self.path, self.owner, everything)
         self._set_entries(everything, tally)
+        self._on_disk = True
 
     def steps(self) -> int:
         """Total DP-SGD steps recorded (ALI-DPFL's t)."""
@@ -315,7 +317,7 @@ class PrivacyLedger:
             raise ValueError("no path to save the ledger to")
         pos = _write_new(target, self.owner, self._entries)
         if target == self.path:
-            self._pos = pos
+            self._pos, self._on_disk = pos, True
         return target
 
     @classmethod
@@ -357,6 +359,9 @@ class PrivacyLedger:
                     raise _damaged(self.path, exc) from None
                 self._extend(entries, tally)
                 return self._read_to(st, pos.end + n, len(data) - 1 - n)
+        if not self._on_disk:  # reading the file would silently drop them (a lower epsilon)
+            raise ValueError(f"this ledger holds {len(self._entries)} entries made in memory, and {self.path} "
+                             "already exists: the file is the ledger; load it, or save these to a new path")
         f.seek(0)
         data = f.read()
         try:
