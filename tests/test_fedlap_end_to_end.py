@@ -15,21 +15,11 @@ from rich.console import Console
 
 from client.updates.fedlap import RADIUS, SET_KEY
 from common.config import validate
-from common.records import model_to_arrays
-from server.roster import Roster
-from server.strategies.fedlap import FedLap
+from tests.test_fedlap_hostile import _strategy
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.usefixtures("one_torch_thread")]
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _strategy(**over):
-    config = validate({"strategy": "fedlap", "num-clients": 2, "fedlap-dsa": False, "fedlap-ipc": 2,
-                       "fedlap-radius": 10.0, "fedlap-server-steps": 3, **over})
-    strategy = FedLap(Roster({0: 10, 1: 11}, {0: 100, 1: 100}), 0, 1.0, log=lambda _: None, config=config)
-    strategy._sent = model_to_arrays(strategy.model)
-    return strategy
 
 
 def _reply(strategy, node, labels, images=None, radius=1.0, n=50):
