@@ -144,3 +144,27 @@ def test_table1_fedprox_uses_the_authors_mu_in_our_convention(suite):
     table = tomllib.loads((REPO / "presets" / "repro" / suite).read_text())
     mus = [c["overrides"]["prox-mu"] for c in table["cell"] if c["overrides"].get("strategy") == "fedprox"]
     assert mus and all(mu == pytest.approx(0.2) for mu in mus), mus
+
+
+def test_a_diverged_synthetic_set_is_not_carried_into_the_next_round(tmp_path, monkeypatch):
+    """A set that synthesis blew up (NaN) is dropped by the server's screen; carried over, the client would
+    send it, and under DP pay for it, every later round. The next round starts from a fresh set."""
+    import client.updates.fedlap as fedlap
+    from client.node import local_client
+    from tests.test_determinism import instruction, node
+
+    starts = []
+
+    def blows_up(model, x, y, images, labels, **kw):
+        starts.append(bool(torch.isfinite(images).all()))
+        images.fill_(float("nan"))
+        return {"match_loss": float("nan"), "accesses": 0}
+
+    monkeypatch.setattr(fedlap, "synthesise", blows_up)
+    context = node(tmp_path, **{"strategy": "fedlap", "num-clients": 2, "fedlap-ipc": 1, "fedlap-dsa": False,
+                                "synthetic-dim": 5, "synthetic-classes": 3})
+    client_ = local_client(context)
+    state = RecordDict()
+    for server_round in (1, 2):
+        fedlap.fedlap_update(client_, instruction(client_.config, server_round), state)
+    assert starts == [True, True] and fedlap.STATE_KEY not in state

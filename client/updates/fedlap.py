@@ -203,7 +203,10 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
             ledger.record(post_processing(round=server_round, note="FedLAP synthesis and local steps on S_k"))
     images_np = images.detach().cpu().numpy().astype(np.float32)
     labels_np = labels.cpu().numpy()
-    state[STATE_KEY] = set_record(images_np, labels_np)
+    if np.isfinite(images_np).all():
+        state[STATE_KEY] = set_record(images_np, labels_np)
+    elif STATE_KEY in state:  # diverged: carried over, it would be sent (and paid for) every later round
+        del state[STATE_KEY]
     metrics = {NUM_EXAMPLES: client.num_train, RADIUS: float(r_k),
                "match-loss": counts["match_loss"] if math.isfinite(counts["match_loss"]) else -1.0,
                "real-accesses": counts["accesses"]}
