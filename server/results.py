@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import itertools
 import json
@@ -95,6 +96,9 @@ def hold_run_folder(run_dir: Path) -> Iterator[None]:
 
             raise ConfigError(f"results folder {run_dir} is in use by a run still going; choose another "
                               "run-name") from None
+        except OSError as err:  # a filesystem without flock (some network mounts): run unheld, as before
+            if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
         _held.add(run_dir)
         try:
             yield
