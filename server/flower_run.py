@@ -105,7 +105,12 @@ def run_with_flower(overrides: Mapping[str, object], num_supernodes: int, *, flw
                                     stderr=subprocess.STDOUT, text=True, cwd=APP_DIR)
             # a run that hangs silently never yields a line: a timer, not the read loop, enforces the timeout
             fired = threading.Event()
-            watchdog = threading.Timer(timeout, lambda: (fired.set(), stop_processes([proc.pid, *pids_with_home(home)])))
+
+            def expire() -> None:
+                fired.set()
+                stop_processes([proc.pid, *pids_with_home(home)])
+
+            watchdog = threading.Timer(timeout, expire)
             watchdog.daemon = True
             watchdog.start()
             for line in proc.stdout:  # type: ignore[union-attr]

@@ -288,7 +288,9 @@ def _damage_entry_line(text: str, replace) -> str:
 
 
 @pytest.mark.parametrize("damage", [
-    lambda text: _damage_entry_line(text + text.splitlines(keepends=True)[1], lambda line: line[: len(line) // 2] + "\n"),
+    # an entry line cut in half, with a whole entry after it (a cut last line would be a torn append)
+    lambda text: _damage_entry_line(text + text.splitlines(keepends=True)[1],
+                                    lambda line: line[: len(line) // 2] + "\n"),
     lambda text: _damage_entry_line(text, lambda line: '{"kind": "dpsgd"}\n'),  # an entry without params
 ])
 def test_a_damaged_client_ledger_is_refused_by_name(tmp_path, damage):

@@ -179,7 +179,6 @@ class FedLap(RosterSampling, FlowerFedAvg):
         r_g = vote_radius(radii, rule)
         lr = round_lr(self.config, server_round)
         seed = int(self.config["seed"])
-        device = next(self.model.parameters()).device
         with global_torch_rng(seed, "server-fedlap-global", server_round, device=device):  # dropout masks
             steps, moved, loss = train_on_sets(
                 self.model, sets, lr=lr, radius=r_g, max_steps=int(self.config["fedlap-server-steps"]),
