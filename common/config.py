@@ -405,6 +405,10 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["strategy"] == "ali-dpfl" and (v["privacy"] != "dpsgd" or v["target-epsilon"] <= 0):  # ALI-DPFL
         raise ConfigError("strategy 'ali-dpfl' plans DP-SGD iterations from the budget: set privacy = 'dpsgd' "
                           "and target-epsilon > 0 (local-steps is then set by the server every round)")
+    if v["strategy"] == "ali-dpfl" and v["fraction-train"] < 1:  # one tau for all: t must stay common
+        raise ConfigError("strategy 'ali-dpfl' plans one tau per round from the clients' common step count t "
+                          "(the paper: every client, every round); with fraction-train < 1 the clients' t "
+                          "drift apart and the run stops when the first reaches R_c: set fraction-train = 1.0")
     if v["upcycled"] and v["strategy"] in NOT_UPCYCLED:
         raise ConfigError(f"strategy {v['strategy']!r} cannot run with upcycled = true: {NOT_UPCYCLED[v['strategy']]}")
     _check_privacy_mechanism(v)  # declared, and (replacing the base rule) for the strategies it declares

@@ -164,6 +164,12 @@ class AliDpfl(FedAvg):
         super().load_state_dict(state)
         self.secant._prev = None if prev is None else (prev[0], prev[1], float(prev[2]))
 
+    def sync_with_mirror(self, mirror) -> None:
+        """After a resume: the mirror also counts a round lost between the clients' charge and the checkpoint
+        (an upper bound of what they spent); t follows it, so no tau asks a client for more than it has left."""
+        for p in self.steps:
+            self.steps[p] = max(self.steps[p], mirror.ledgers[p].steps())
+
     def extra_round_metrics(self) -> dict:
         """tau of the round, mu estimates and the next tau* (added to metrics.jsonl by the runner)."""
         return dict(self._row)
