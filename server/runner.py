@@ -181,8 +181,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     resumed, first_round = checkpointer.resume(strategy, mirror, writer, arrays)  # (None, 1) unless resuming
     if resumed is None:
         writer.reset()
-    elif declared(strategy, "sync_with_mirror", None):  # ALI-DPFL's t must include a lost round the mirror counts
-        declared(strategy, "sync_with_mirror", None)(mirror)
+    elif sync := declared(strategy, "sync_with_mirror", None):  # ALI-DPFL's t: with a lost round the mirror counts
+        sync(mirror)
     arrays = arrays if resumed is None else resumed
 
     num_rounds = int(config["num-rounds"])

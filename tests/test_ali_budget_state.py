@@ -6,23 +6,18 @@ import pytest
 
 import client.node
 from client.privacy import ledger_path
-from common.config import ConfigError, validate
-from common.privacy.accounting import ali_epsilon
+from common.config import ConfigError
 from common.privacy.ledger import PrivacyLedger
 from server.inprocess_grid import InProcessGrid
 from server.runner import run_federation
 from fault_grids import DiesAfter, Killed
-
-Q, SIGMA, DELTA, CLIENTS = 0.2, 1.0, 1e-5, 3
+from tests.test_ali_runs import CLIENTS, DELTA
+from tests.test_ali_runs import ali_config as ali_runs_config
 
 
 def ali_config(tmp_path, steps_budget, rounds, **extra):
-    target = ali_epsilon(steps_budget, Q, SIGMA, DELTA) * 1.001
-    return validate({"strategy": "ali-dpfl", "num-clients": CLIENTS, "num-rounds": rounds, "privacy": "dpsgd",
-                     "local-steps": 1, "dp-sample-rate": Q, "dp-noise-multiplier": SIGMA, "dp-clip": 1.0,
-                     "lr": 0.1, "target-epsilon": target, "target-delta": DELTA, "accountant": "ali-eq12",
-                     "results-dir": str(tmp_path / "results"), "state-dir": str(tmp_path / "state"),
-                     "run-name": "ali", "synthetic-dim": 10, **extra})
+    return ali_runs_config(tmp_path, steps_budget, rounds, **{"results-dir": str(tmp_path / "results"),
+                                                              "state-dir": str(tmp_path / "state"), **extra})
 
 
 def run(cfg, run_id, die_after=None, after_replies=False):

@@ -144,9 +144,9 @@ class PrivacyLedger:
         for e in entries:
             if not isinstance(e, LedgerEntry):
                 raise TypeError(f"expected a LedgerEntry, got {type(e).__name__}")
-        tally = self._tally.plus(entries)  # a malformed entry is refused before anything is written
+        _Tally(entries)  # a malformed entry is refused before anything is written
         if self.path is None:
-            self._extend(entries, tally)
+            self._extend(entries, self._tally.plus(entries))
             return
         lines = b"".join(_line(e.to_json()) for e in entries)
         try:
