@@ -16,6 +16,7 @@ from rich.console import Console
 
 from common.config import ConfigError, RunConfig, resolve_model_name
 from common.data import load_test_set, load_federation
+from common.data.provenance import differing
 from common.evaluation import evaluate, pick_device
 from common.models import build_model
 from common.records import arrays_nbytes, load_arrays, model_to_arrays
@@ -147,8 +148,11 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
 def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer: Checkpointer, run_dir: Path,
               started: float) -> Path:
     metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
+    federation = load_federation(config)  # cached per process: the clients' own load reuses it
+    for line in differing(federation.meta.get("files", [])):
+        log(line)
     roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log,
-                    sizes=[client.num_train for client in load_federation(config).clients])  # cached: loaded anyway
+                    sizes=[client.num_train for client in federation.clients])
     log(f"enrolled {len(roster.node_of)} clients ({sum(roster.num_examples.values())} training examples)")
 
     device = pick_device("auto")  # the server's own device, whatever the clients use
@@ -251,7 +255,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         "final": {"accuracy": final["accuracy"], "loss": final["loss"], "round": final["round"]},
         "rounds": num_rounds, "wall_seconds": time.perf_counter() - started,
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
-        "privacy": mirror.summary(),
+        "privacy": mirror.summary(), "data_files": federation.meta.get("files", []),
     }
     if mirror.enabled:
         writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")

@@ -44,6 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataFileCorrupt, require_file
+from .provenance import file_records
 from .splits import Splits
 
 FOLDER = "adult"
@@ -168,5 +169,6 @@ def load_adult(data_dir: str | Path) -> Splits:
             "unknown_test_categories": {c: v for c, v in unknown.items() if v},
             "dropped_rows": {"train": train_dropped, "test": test_dropped},
             "folder": str(folder),
+            "files": file_records([train_path, test_path]),
         },
     )

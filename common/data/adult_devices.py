@@ -45,6 +45,7 @@ from .adult import (CATEGORICAL, COLUMNS, FOLDER, NUMERIC, POSITIVE, TEST_FILE, 
                     check_records, records)
 from .errors import require_file
 from .federation import ClientData, Federation
+from .provenance import file_records
 
 NUM_DEVICES = 16
 DEVICE_SIZE = 3052
@@ -128,5 +129,6 @@ def load_adult_devices(data_dir: str | Path, num_devices: int, seed: int, evalua
                      f"{evaluate_on} splits ({num_devices * (VAL if evaluate_on == 'val' else TEST)} samples)"),
         meta={"dataset": "adult", "split": "hu-devices", "evaluate_on": evaluate_on, "seed": seed,
               "feature_names": names, "client_sizes": [TRAIN] * num_devices, "rows": len(y),
-              "missing_rows": missing, "folder": str(folder)},
+              "missing_rows": missing, "folder": str(folder),
+              "files": file_records([folder / TRAIN_FILE, folder / TEST_FILE])},
     )

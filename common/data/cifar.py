@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataFileCorrupt, require_file
+from .provenance import file_records
 from .splits import Splits
 
 FOLDER = "cifar-10-batches-py"
@@ -76,5 +77,5 @@ def load_cifar10(data_dir: str | Path) -> Splits:
         y_test=y_test,
         num_classes=10,
         name="cifar10",
-        meta={"mean": MEAN, "std": STD, "folder": str(folder)},
+        meta={"mean": MEAN, "std": STD, "folder": str(folder), "files": file_records([*train_paths, test_path])},
     )

@@ -31,15 +31,12 @@ import urllib.request
 from pathlib import Path
 
 from .idx import FILES as IDX_FILES
+from .provenance import PUBLISHED_SHA256
 
 DATASETS = ("mnist", "fashion-mnist", "cifar10", "adult")
 
 ADULT_URL = "https://archive.ics.uci.edu/ml/machine-learning-databases/adult/"
-ADULT_SHA256 = {
-    "adult.data": "5b00264637dbfec36bdeaab5676b0b309ff9eb788d63554ca0a249491c86603d",
-    "adult.test": "a2a9044bc167a35b2361efbabec64e89d69ce82d9790d2980119aac5fd7e9c05",
-    "adult.names": "c248284c0b5de30c9e1958d6cdd168a34a654758b620e68f46aefa83fc0a576a",
-}
+ADULT_SHA256 = {name: PUBLISHED_SHA256[f"adult/{name}"] for name in ("adult.data", "adult.test", "adult.names")}
 
 
 def _present(dataset: str, data_dir: Path) -> bool:

@@ -25,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import DataFileCorrupt, DataFileMissing
+from .provenance import file_records
 from .splits import Splits
 
 FOLDERS = {"mnist": "mnist", "fashion-mnist": "fashion-mnist"}
@@ -99,7 +100,7 @@ def load_idx_dataset(dataset: str, data_dir: str | Path) -> Splits:
         if len(arrays[f"x_{part}"]) != len(arrays[f"y_{part}"]):
             raise DataFileCorrupt(paths[f"y_{part}"], dataset, f"{len(arrays[f'y_{part}'])} labels but "
                                   f"{paths[f'x_{part}'].name} has {len(arrays[f'x_{part}'])} images")
-    return Splits(num_classes=10, name=dataset, meta={"mean": mean, "std": std, "folder": str(folder)},
+    return Splits(num_classes=10, name=dataset, meta={"mean": mean, "std": std, "folder": str(folder), "files": file_records(paths.values())},
                   **arrays)
 
 

@@ -24,6 +24,7 @@ import numpy as np
 from .errors import DataFileCorrupt, require_file
 from .federation import ClientData, Federation
 from .partition import natural
+from .provenance import file_records
 
 FOLDER = "fedprox-synthetic"
 FILES = {
@@ -91,5 +92,5 @@ def load_released(name: str, data_dir: str | Path) -> Federation:
         num_classes=NUM_CLASSES,
         description=f"released Upcycled-FL federation {name} ({path.name}): {NUM_CLIENTS} clients, "
                     f"{len(y_train)} train + {len(y_test)} test samples",
-        meta={"dataset": name, "file": str(path), "partition": "natural"},
+        meta={"dataset": name, "file": str(path), "partition": "natural", "files": file_records([path])},
     )
