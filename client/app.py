@@ -12,6 +12,7 @@ from client.privacy import BudgetExhausted, charges_recorded, refusal
 from client.resume import resumable, snapshot_folder
 from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
+from client.updates.acknowledged import ACKNOWLEDGED
 from common.evaluation import evaluate
 from common.privacy.ali import GRAD_DIFF_METRIC
 from common.privacy.plan import is_private, local_epochs, local_steps, planned_entries
@@ -121,7 +122,7 @@ def check_instruction(client, content: RecordDict) -> None:
     if not isinstance(content.get(CONFIG), ConfigRecord) or not isinstance(content.get(ARRAYS), ArrayRecord):
         raise ValueError(f"a train instruction holds a ConfigRecord {CONFIG!r} and an ArrayRecord {ARRAYS!r}")
     instruction = content[CONFIG]
-    for key in ("server-round", "train-round"):
+    for key in ("server-round", "train-round", ACKNOWLEDGED):
         value = instruction.get(key, 0)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"the instruction's {key!r} must be a non-negative integer, got {value!r}")

@@ -6,72 +6,22 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
-from flwr.serverapp import Grid
 
-from client.secagg import RECORD, VECTOR, WORDS, secagg_params, words_record
+from client.secagg import RECORD, VECTOR, WORDS, secagg_params
 from common.config import ConfigError, _check_secure_aggregation, defaults, validate
 from server.inprocess import CLIENT_APP
 from server.inprocess_grid import InProcessGrid
 from common.records import model_to_arrays
 from server.runner import initial_model, run_federation
 from server.secagg_grid import SecureAggregationError, SecureAggregationGrid
+from fault_grids import Recorder
 
 BASE = {"num-clients": 4, "num-rounds": 3, "seed": 5, "dataset": "synthetic", "local-epochs": 1}
-
-
-class Recorder(Grid):
-    """Below the secure grid: records every message the server receives; can drop or corrupt replies."""
-
-    def __init__(self, inner: Grid, drop: dict[int, int] | None = None, corrupt: dict[int, int] | None = None):
-        self.inner, self.received, self.sent, self.train_round = inner, [], [], 0
-        self.drop, self.corrupt = drop or {}, corrupt or {}  # train round -> partition index
-
-    def set_run(self, run_id):
-        self.inner.set_run(run_id)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *a, **k):
-        return self.inner.create_message(*a, **k)
-
-    def get_node_ids(self):
-        return self.inner.get_node_ids()
-
-    def push_messages(self, messages):
-        return self.inner.push_messages(messages)
-
-    def pull_messages(self, ids):
-        return self.inner.pull_messages(ids)
-
-    def send_and_receive(self, messages: Iterable[Message], *, timeout=None):
-        messages = list(messages)
-        self.sent.extend(messages)
-        is_train = messages and messages[0].metadata.message_type == MessageType.TRAIN
-        replies = list(self.inner.send_and_receive(messages, timeout=timeout))
-        self.received.extend(replies)
-        if not is_train:
-            return replies
-        self.train_round += 1
-        nodes = list(self.inner.get_node_ids())
-        out = []
-        for r in replies:
-            node = r.metadata.src_node_id
-            if self.drop.get(self.train_round) is not None and node == nodes[self.drop[self.train_round]]:
-                continue  # lost: as if it missed the timeout
-            if self.corrupt.get(self.train_round) is not None and node == nodes[self.corrupt[self.train_round]]:
-                words = r.content[VECTOR][WORDS].numpy().copy()
-                words[:10] ^= np.uint32(0x5A5A5A5A)
-                r.content[VECTOR] = words_record(words)
-            out.append(r)
-        return out
 
 
 def run(tmp_path: Path, name: str, recorder_args: dict | None = None, **overrides):

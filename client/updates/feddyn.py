@@ -6,7 +6,8 @@ in `Context.state` (zero before its first round). It minimises
     L_i(w) - <g_i, w> + alpha/2 ||w - w_global||^2
 
 by SGD with gradient-norm clipping (`feddyn-max-grad-norm`, 10 as the
-Upcycled-FL code), then updates g_i <- g_i - alpha (w_i - w_global).
+Upcycled-FL code), then updates g_i <- g_i - alpha (w_i - w_global), kept
+once the server says it aggregated this reply (client/updates/acknowledged.py).
 
 The Upcycled-FL code (adapted from FL-bench) differs: its client loss is
 CE + alpha <w, -w_global + nabla_i> (no alpha/2 ||w||^2 part), and its server
@@ -22,6 +23,7 @@ from collections import OrderedDict
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
+from client.updates.acknowledged import keep, settled
 from client.updates.corrected import local_plan, parameters_copy, train_corrected
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, arrays_to_state_dict, load_arrays, model_to_arrays
 
@@ -33,8 +35,9 @@ def feddyn_update(client, content, state):
     load_arrays(client.model, content[ARRAYS])
     alpha = float(config["feddyn-alpha"])
     anchor = parameters_copy(client.model)
-    if STATE_KEY in state:
-        g_i = arrays_to_state_dict(state[STATE_KEY])
+    stored = settled(state, STATE_KEY, instruction)
+    if stored is not None:
+        g_i = arrays_to_state_dict(stored)
     else:
         g_i = OrderedDict((k, torch.zeros_like(v).cpu()) for k, v in anchor.items())
     if g_i.keys() != anchor.keys():
@@ -51,7 +54,7 @@ def feddyn_update(client, content, state):
                               lr=float(config["lr"]), momentum=float(config["momentum"]), generator=generator,
                               correction=dynamic, max_grad_norm=float(config["feddyn-max-grad-norm"]))
     w = dict(client.model.named_parameters())
-    state[STATE_KEY] = ArrayRecord(OrderedDict(
-        (k, g_i[k] - alpha * (w[k].detach() - anchor[k]).cpu()) for k in g_i))
+    keep(state, STATE_KEY, ArrayRecord(OrderedDict(
+        (k, g_i[k] - alpha * (w[k].detach() - anchor[k]).cpu()) for k in g_i)), instruction)
     metrics = MetricRecord({NUM_EXAMPLES: client.num_train, "train-loss": loss})
     return RecordDict({ARRAYS: model_to_arrays(client.model), METRICS: metrics})

@@ -2,7 +2,8 @@
 
 The node keeps its control variate c_i in `Context.state` (zero before its
 first round), so it persists across rounds and never leaves the node; only
-the change delta c_i goes up. Each step uses the gradient g + c - c_i; after K
+the change delta c_i goes up. c_i+ becomes c_i once the server says it
+aggregated this reply (client/updates/acknowledged.py). Each step uses the gradient g + c - c_i; after K
 steps from x to y:
 
     c_i+ = c_i - c + (x - y) / (K lr)        delta c_i = c_i+ - c_i
@@ -19,6 +20,7 @@ from collections import OrderedDict
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
+from client.updates.acknowledged import keep, settled
 from client.updates.corrected import local_plan, parameters_copy, train_corrected
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, arrays_to_state_dict, load_arrays, model_to_arrays
 
@@ -31,8 +33,9 @@ def scaffold_update(client, content, state):
     config, instruction = client.config, content[CONFIG]
     load_arrays(client.model, content[ARRAYS])
     c = arrays_to_state_dict(content[CONTROL])
-    if STATE_KEY in state:
-        c_i = arrays_to_state_dict(state[STATE_KEY])
+    stored = settled(state, STATE_KEY, instruction)
+    if stored is not None:
+        c_i = arrays_to_state_dict(stored)
     else:
         c_i = OrderedDict((k, torch.zeros_like(v)) for k, v in c.items())
     if c.keys() != c_i.keys() or any(c[k].shape != c_i[k].shape for k in c):
@@ -58,6 +61,6 @@ def scaffold_update(client, content, state):
         else:
             c_plus[key] = c_i[key].clone()
     delta = OrderedDict((k, c_plus[k] - c_i[k]) for k in c)
-    state[STATE_KEY] = ArrayRecord(c_plus)
+    keep(state, STATE_KEY, ArrayRecord(c_plus), instruction)
     metrics = MetricRecord({NUM_EXAMPLES: client.num_train, "train-loss": loss})
     return RecordDict({ARRAYS: model_to_arrays(client.model), CONTROL_DELTA: ArrayRecord(delta), METRICS: metrics})

@@ -12,6 +12,7 @@ from flwr.serverapp.strategy import FedAvgM as FlowerFedAvgM
 from flwr.serverapp.strategy import QFedAvg as FlowerQFedAvg
 from flwr.serverapp.strategy.fedopt import FedOpt as FlowerFedOpt  # not exported
 
+from client.updates.acknowledged import ACKNOWLEDGED
 from server.replies import screen
 from server.roster import Roster
 from server.sampling import sample_partitions
@@ -26,7 +27,13 @@ class RosterSampling:
     Each sampled node gets its own message: stragglers (`setup_stragglers`)
     carry their shortened `local-epochs`; every instruction carries
     `train-round`, the index that keys client draws and local training seeds.
+    Strategies whose clients keep state in step with the server's
+    (`acknowledges = True`: SCAFFOLD, FedDyn) also send each node the last
+    round whose reply from it they aggregated (`acknowledge`), so that the node
+    keeps only the state of replies that arrived (client/updates/acknowledged.py).
     """
+
+    acknowledges = False
 
     def setup_sampling(self, roster: Roster, seed: int, fraction: float, log=print) -> None:
         self.roster, self.seed, self.fraction, self.log = roster, seed, fraction, log
@@ -35,6 +42,7 @@ class RosterSampling:
         self.round_map: Callable[[int], int] | None = None  # set by wrappers (Upcycled)
         self.stragglers, self.local_epochs = 0.0, 1
         self.retired: set[int] = set()
+        self.acknowledged: dict[int, int] = {}  # partition -> last server round its reply was aggregated in
 
     # checkpoint protocol (server/checkpoint.py): every plain-data attribute (arrays, ArrayRecords,
     # numbers, containers of those) is saved and restored; node-id maps are rebuilt from the new roster.
@@ -86,10 +94,19 @@ class RosterSampling:
             node_config = ConfigRecord(dict(common))
             if p in short:
                 node_config["local-epochs"] = short[p]
+            if self.acknowledges:
+                node_config[ACKNOWLEDGED] = self.acknowledged.get(p, 0)
             record = RecordDict({self.arrayrecord_key: arrays, **self.extra_records(server_round),
                                  self.configrecord_key: node_config})
             messages.extend(self._construct_messages(record, [self.roster.node_of[p]], MessageType.TRAIN))
         return messages
+
+    def acknowledge(self, server_round: int, aggregated: Iterable[Message]) -> None:
+        """The replies of `aggregated` (under secure aggregation: one per survivor) entered the new model."""
+        for msg in aggregated:
+            p = self._partition_of.get(msg.metadata.src_node_id)
+            if p is not None:
+                self.acknowledged[p] = server_round
 
     def keep_current_arrays(self, arrays: ArrayRecord) -> None:
         """Record the model the server steps from, as the Flower strategy's own `configure_train` (which

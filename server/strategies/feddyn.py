@@ -36,6 +36,8 @@ from server.strategies.fedavg import RosterSampling
 
 
 class FedDyn(RosterSampling, FlowerFedAvg):
+    acknowledges = True  # g_i moves with the replies aggregated (client/updates/acknowledged.py)
+
     def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print, *, alpha: float = 0.01):
         super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
                          min_available_nodes=len(roster.node_of))
@@ -62,4 +64,5 @@ class FedDyn(RosterSampling, FlowerFedAvg):
             total = sum(np.asarray(c[self.arrayrecord_key][key].numpy(), dtype=np.float64) for c in contents)
             self.h[key] -= self.alpha * (total - count * x) / self.num_clients
             new[key] = Array(np.asarray(total / count - self.h[key] / self.alpha, dtype=x.dtype))
+        self.acknowledge(server_round, good)
         return ArrayRecord(new), metrics

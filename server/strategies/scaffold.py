@@ -39,6 +39,8 @@ from server.strategies.fedavg import RosterSampling
 
 
 class Scaffold(RosterSampling, FlowerFedAvg):
+    acknowledges = True  # c_i moves with the replies aggregated (client/updates/acknowledged.py)
+
     def __init__(self, roster: Roster, seed: int, fraction_train: float, log=print, *, server_lr: float = 1.0):
         super().__init__(fraction_train=fraction_train, fraction_evaluate=0.0,
                          min_available_nodes=len(roster.node_of))
@@ -100,6 +102,7 @@ class Scaffold(RosterSampling, FlowerFedAvg):
             step[key] = (total / self.num_clients).astype(c.dtype)
         self.control = {k: c + step[k] for k, c in self.control.items()}
         self.last_control_step = step
+        self.acknowledge(server_round, good)
         return averaged, metrics
 
     def upcycle_state(self, theta: float) -> None:
