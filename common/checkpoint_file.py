@@ -2,10 +2,13 @@
 (nested in dicts, lists, tuples and sets) in one `.npz`, written atomically
 (temp file in the same folder, fsync, `os.replace`). The server's checkpoint
 (server/checkpoint.py) and the nodes' update-rule snapshots (client/resume.py)
-both use it."""
+both use it. The server's checkpoint also keeps an append-only journal beside it
+(JSON Lines chained by SHA-256: `append_journal`, `read_journal`), so that what
+grows with the run is appended once instead of rewritten at every save."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -118,3 +121,81 @@ def load_checkpoint(path: Path, what_to_do: str = "delete it") -> dict[str, Any]
     except UNREADABLE as exc:
         raise CheckpointError(f"{path} is corrupted or unreadable ({type(exc).__name__}: {exc}); "
                               f"{what_to_do}") from exc
+
+
+# --- the journal: append-only JSON Lines, each line chained into one SHA-256 digest ---------------
+
+JOURNAL_START = hashlib.sha256(b"").hexdigest()  # the digest of an empty journal
+
+
+def chain(digest: str, line: bytes) -> str:
+    """h_r = sha256(h_{r-1} || line_r): a digest of every line so far, in order, updated in O(line)."""
+    return hashlib.sha256(bytes.fromhex(digest) + line).hexdigest()
+
+
+def journal_line(obj: Any) -> bytes:
+    return (json.dumps(obj, separators=(",", ":")) + "\n").encode()
+
+
+def append_journal(path: Path, end: int, line: bytes) -> int:
+    """Write `line` at byte `end` of the journal at `path` (created if missing) and fsync; returns the new
+    end. What follows `end` (a line whose checkpoint never landed) is cut off first; a journal shorter
+    than `end` is refused, as padding it would forge lines."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    created = not path.exists()
+    with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if size < end:
+            raise CheckpointError(f"checkpoint journal {path} holds {size} bytes, fewer than the {end} its "
+                                  "checkpoint covers: it was cut or replaced while the run was going")
+        fh.truncate(end)
+        fh.seek(end)
+        fh.write(line)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if created:
+        _fsync_dir(path.parent)  # the checkpoint about to name this journal must not outlive it
+    return end + len(line)
+
+
+def read_journal(path: Path, end: int, digest: str, what_to_do: str) -> list[Any]:
+    """The JSON values on the lines of the first `end` bytes of the journal at `path`, which must chain to
+    `digest`; CheckpointError naming the file (and `what_to_do`) when it is missing, shorter, edited or
+    not JSON Lines. Bytes after `end` (a line whose checkpoint never landed) are not read."""
+    def refused(why: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint journal {path} {why}; {what_to_do}")
+
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(end)
+    except FileNotFoundError:
+        raise refused("is missing (the checkpoint's results rows and privacy mirror are in it)") from None
+    except OSError as exc:
+        raise refused(f"cannot be read ({type(exc).__name__}: {exc})") from exc
+    if len(data) < end:
+        raise refused(f"holds {len(data)} bytes, fewer than the {end} its checkpoint covers")
+    if data and not data.endswith(b"\n"):
+        raise refused(f"does not end a line at byte {end}, where its checkpoint says it does")
+    lines = [line + b"\n" for line in data[:-1].split(b"\n")] if data else []
+    found = JOURNAL_START
+    for line in lines:
+        found = chain(found, line)
+    if found != digest:
+        raise refused("does not match its checkpoint's SHA-256 digest (edited, or another run's)")
+    try:
+        return [json.loads(line) for line in lines]
+    except ValueError as exc:
+        raise refused(f"is not JSON Lines ({exc})") from exc
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # no directory handles here (e.g. Windows): the rename or creation is as durable as it gets
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -5,11 +5,27 @@ With `checkpoint = true` the ServerApp saves, after every round, one file
 folder, fsync, `os.replace`), holding
 
 - `meta`: JSON (as a uint8 array): format/version, the round just finished,
-  the run config, the results rows so far, the privacy mirror's ledgers
-  (`PrivacyLedger.to_json()`), and the strategy's state with every array
-  replaced by a reference `{"__array__": "<npz key>"}`;
+  the run config, where the journal ends and its digest (below), and the
+  strategy's state with every array replaced by a reference
+  `{"__array__": "<npz key>"}`;
 - `model/<name>`: the global model's arrays after that round;
 - `strategy/<path>`: the arrays of the strategy's state.
+
+What grows with the run, the results rows and the privacy mirror's entries,
+is in an append-only journal beside it, `<run-name>.journal.jsonl`: before the
+npz is written, each save appends (one write, fsync) one line
+`{"round": r, "rows": [...], "mirror": {"<partition>": [entry, ...]}}` with the
+rows and mirror entries recorded since the previous line (the mirror's
+`take_pending`), so a save costs O(this round) however long the run. The npz
+records the journal's length after that line and a chained SHA-256 digest,
+h_r = sha256(h_{r-1} || line_r). A resume reads exactly that many bytes,
+checks the digest and rebuilds the rows and the mirror from the lines; a line
+after them (its save died before the npz landed) is ignored and cut off by
+the next append, its round being counted through the in-flight record below.
+A missing, shorter, edited or unparsable journal is refused by name, never
+read as fewer rows or a smaller mirror (which would under-count privacy).
+Format version 2 (rows and mirror inline in `meta`) still resumes; the first
+save after it writes them all as the journal's first line.
 
 Before a round's instructions leave, `<run-name>.inflight.npz` records the
 ledger entries the instructed clients will charge; it is deleted once that
@@ -55,19 +71,22 @@ import copy
 import re
 import secrets
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, NamedTuple
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord
 
 from client.resume import LINEAGE
-from common.checkpoint_file import UNREADABLE, CheckpointError, load_checkpoint, save_checkpoint
+from common.checkpoint_file import (JOURNAL_START, UNREADABLE, CheckpointError, append_journal, chain,
+                                    journal_line, load_checkpoint, read_journal, save_checkpoint)
 from common.config import ConfigError
+from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
 from server.replies import arrays_problem
 from server.strategies.chain import wrapper_chain
 
-FORMAT, VERSION = "privfed-checkpoint", 2  # 2: with the lineage token
+FORMAT, VERSION = "privfed-checkpoint", 3  # 2: with the lineage token; 3: rows and mirror in the journal
+INLINE_VERSION = 2  # still resumed: rows and mirror inline
 # keys that may differ between the interrupted run and the resumed one (not num-rounds: strategies
 # plan with it, e.g. DP-FedAvg's participation schedule and noise calibration, ALI's tau*;
 # nor state-dir: the nodes' ledgers live there, and a moved one would open empty, resetting every budget)
@@ -76,8 +95,9 @@ MAY_CHANGE = frozenset({"round-timeout", "node-wait-timeout", "poll-interval", "
 
 
 # what every checkpoint holds, and its type (bool is no int here: see _check_structure)
-SCHEMA = {"round": int, "lineage": str, "config": dict, "rows": list, "model": ArrayRecord,
-          "strategy_classes": list, "strategy": list, "mirror": dict}
+SCHEMA = {"round": int, "lineage": str, "config": dict, "model": ArrayRecord,
+          "strategy_classes": list, "strategy": list}
+BY_VERSION = {VERSION: {"journal": dict}, INLINE_VERSION: {"rows": list, "mirror": dict}}
 # Not "delete it": the nodes' ledgers are keyed by the run-name and would continue under a fresh start,
 # whose mirror would not count them; and the run's results folder would be refused (refuse_taken).
 AFRESH = "start the run afresh under another run-name"
@@ -171,7 +191,7 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
     def bad(why: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {path} is corrupted: {why}; {AFRESH}")
 
-    for key, kind in SCHEMA.items():
+    for key, kind in {**SCHEMA, **BY_VERSION[ckpt["version"]]}.items():
         value = ckpt.get(key)
         if isinstance(value, bool) or not isinstance(value, kind):
             raise bad(f"{key!r} is missing or not of type {kind.__name__} (got {type(value).__name__})")
@@ -179,13 +199,47 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
         raise bad(f"'lineage' {ckpt['lineage'][:80]!r} is not a hex token")
     if ckpt["round"] < 0:
         raise bad(f"'round' is {ckpt['round']}")
-    if not all(isinstance(row, dict) for row in ckpt["rows"]):
-        raise bad("'rows' holds a value that is not a results row")
     if not all(isinstance(state, dict) for state in ckpt["strategy"]) \
             or len(ckpt["strategy"]) != len(ckpt["strategy_classes"]):
         raise bad("'strategy' does not hold one state dict per strategy class")
-    if not all(isinstance(p, str) and p.isdigit() for p in ckpt["mirror"]):
-        raise bad("'mirror' is not keyed by partition ids")
+    if "journal" in ckpt and not _is_journal_reference(ckpt["journal"]):
+        raise bad("'journal' does not hold a length in bytes and a SHA-256 digest")
+    why = _contents_problem(ckpt.get("rows", []), ckpt.get("mirror", {}))
+    if why:
+        raise bad(why)
+
+
+def _is_journal_reference(journal: dict) -> bool:
+    length, digest = journal.get("bytes"), journal.get("sha256")
+    return isinstance(length, int) and not isinstance(length, bool) and length >= 0 \
+        and isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) is not None
+
+
+def _contents_problem(rows: Any, mirror: Any) -> str | None:
+    """What is wrong with results rows and mirror ledgers (inline, or one journal line's), if anything."""
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        return "'rows' holds a value that is not a results row"
+    if not isinstance(mirror, dict) or not all(isinstance(p, str) and p.isdigit() for p in mirror):
+        return "'mirror' is not keyed by partition ids"
+    return None
+
+
+def _line_problem(line: Any) -> str | None:
+    """What is wrong with one journal line, if anything."""
+    if not isinstance(line, dict):
+        return "is not an object"
+    why = _contents_problem(line.get("rows"), line.get("mirror"))
+    if why is None and not all(isinstance(entries, list) for entries in line["mirror"].values()):
+        return "'mirror' does not hold lists of entries"
+    return why
+
+
+class _Journal(NamedTuple):
+    """How far the journal goes: its bytes, their chained digest, and the results rows they hold."""
+
+    end: int = 0
+    digest: str = JOURNAL_START
+    rows: int = 0
 
 
 class Checkpointer:
@@ -196,6 +250,7 @@ class Checkpointer:
         self.enabled = bool(config["checkpoint"])
         self.path: Path | None = None
         self.lineage = secrets.token_hex(8)  # replaced by the checkpoint's on resume
+        self._journal = _Journal()  # what the saves so far journaled (a fresh start: nothing, from byte 0)
         if not self.enabled:
             return
         name = str(config["run-name"])
@@ -230,13 +285,15 @@ class Checkpointer:
                                   f"this run does not have; {AFRESH}")
         try:
             load_strategy_state(strategy, ckpt["strategy"])
-            for p, ledger in ckpt["mirror"].items():
-                mirror.ledgers[int(p)] = PrivacyLedger.from_json(ledger)
+            _restore_mirror(ckpt, mirror)
             mirror.epsilons()  # entries that load but cannot be accounted must fail now, before a round
         except UNREADABLE + (CheckpointError, ArithmeticError) as exc:
             raise CheckpointError(f"checkpoint {self.path} holds a state this run cannot load "
                                   f"({type(exc).__name__}: {exc}); {AFRESH}") from exc
         self.lineage = ckpt["lineage"]
+        # version 2: nothing journaled yet, so the next save journals every row and (pending) mirror entry
+        self._journal = _Journal(ckpt["journal"]["bytes"], ckpt["journal"]["sha256"], len(ckpt["rows"])) \
+            if ckpt["version"] == VERSION else _Journal()
         writer.reset(ckpt["rows"])  # only now: a refused checkpoint leaves the results as they were
         done = int(ckpt["round"])
         self.log(f"resuming run {self.config['run-name']!r} from {self.path}: round {done} done, "
@@ -248,6 +305,10 @@ class Checkpointer:
     @property
     def inflight_path(self) -> Path:
         return self.path.with_name(self.path.name.replace(".ckpt.npz", ".inflight.npz"))
+
+    @property
+    def journal_path(self) -> Path:
+        return self.path.with_name(self.path.name.replace(".ckpt.npz", ".journal.jsonl"))
 
     def begin_round(self, server_round: int, planned: Mapping[int, list]) -> None:
         """Before a round's instructions leave: what the instructed clients may release in it. If the
@@ -289,11 +350,27 @@ class Checkpointer:
         ckpt = load_checkpoint(self.path, AFRESH)
         if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
             raise CheckpointError(f"{self.path} is not a privfed checkpoint; {AFRESH}")
-        if ckpt.get("version") != VERSION:
-            raise CheckpointError(f"{self.path} has checkpoint format version {ckpt.get('version')}; this privfed "
-                                  f"resumes version {VERSION} only: start afresh (another run-name)")
+        version = ckpt.get("version")
+        if isinstance(version, bool) or version not in BY_VERSION:
+            raise CheckpointError(f"{self.path} has checkpoint format version {version}; this privfed resumes "
+                                  f"versions {INLINE_VERSION} and {VERSION} only: start afresh (another run-name)")
         _check_structure(ckpt, self.path)
+        if version == VERSION:
+            ckpt["rows"], ckpt["mirror"] = self._read_journal(ckpt["journal"])
         return ckpt
+
+    def _read_journal(self, journal: Mapping[str, Any]) -> tuple[list[dict], dict[str, list]]:
+        """The rows and mirror entries (JSON, per partition) in the journal's lines that the checkpoint covers."""
+        rows: list[dict] = []
+        mirror: dict[str, list] = {}
+        for i, line in enumerate(read_journal(self.journal_path, journal["bytes"], journal["sha256"], AFRESH), 1):
+            why = _line_problem(line)
+            if why:
+                raise CheckpointError(f"checkpoint journal {self.journal_path} is corrupted: line {i} {why}; {AFRESH}")
+            rows.extend(line["rows"])
+            for p, entries in line["mirror"].items():
+                mirror.setdefault(p, []).extend(entries)
+        return rows, mirror
 
     def _check_compatible(self, ckpt: dict[str, Any], strategy) -> None:
         """Refuse a checkpoint of another run config or strategy."""
@@ -315,11 +392,29 @@ class Checkpointer:
     def save(self, server_round: int, arrays: ArrayRecord, strategy, mirror, writer) -> None:
         if not self.enabled:
             return
+        self._append_journal(server_round, mirror, writer)  # first: the checkpoint names the line's end
         save_checkpoint(self.path, {
             "format": FORMAT, "version": VERSION, "round": server_round, "lineage": self.lineage,
-            "config": dict(self.config), "rows": list(writer.rows),
+            "config": dict(self.config), "journal": {"bytes": self._journal.end, "sha256": self._journal.digest},
             "model": arrays, "strategy_classes": strategy_classes(strategy),
             "strategy": strategy_state(strategy),
-            "mirror": {str(p): ledger.to_json() for p, ledger in mirror.ledgers.items()},
         })
         self.inflight_path.unlink(missing_ok=True)  # the round is in the checkpoint now
+
+    def _append_journal(self, server_round: int, mirror, writer) -> None:
+        """One line: the rows and mirror entries since the last one (so a save costs O(this round))."""
+        line = journal_line({"round": server_round, "rows": writer.rows[self._journal.rows:],
+                             "mirror": {str(p): [e.to_json() for e in entries]
+                                        for p, entries in mirror.take_pending().items()}})
+        end = append_journal(self.journal_path, self._journal.end, line)
+        self._journal = _Journal(end, chain(self._journal.digest, line), len(writer.rows))
+
+
+def _restore_mirror(ckpt: Mapping[str, Any], mirror) -> None:
+    """Put the checkpoint's mirror back: journaled entries as they are; a version-2 checkpoint's inline
+    ledgers as pending, so the next save journals them."""
+    if ckpt["version"] == VERSION:
+        mirror.restore({int(p): [LedgerEntry.from_json(e) for e in entries] for p, entries in ckpt["mirror"].items()})
+        return
+    for p, ledger in ckpt["mirror"].items():
+        mirror.record(int(p), list(PrivacyLedger.from_json(ledger).entries))

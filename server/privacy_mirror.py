@@ -6,11 +6,15 @@ or no reply at all: see `server.runner.account_round`), the mirror records
 `planned_entries` (the client recorded the same before training, or refused),
 so the reported epsilon is an upper bound computed by an accountant call on
 the events that happened, never a running sum.
+
+With `checkpoint = true` the checkpointer journals the entries recorded since
+its last save (`take_pending`), and a resume puts journaled ones back without
+making them pending again (`restore`).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
@@ -24,10 +28,27 @@ class PrivacyMirror:
         self.enabled = is_private(config)
         self.noise_seed = str(config["dp-noise-seed"])  # 'run-seed': whoever knows the config can undo the noise
         self.ledgers = {p: PrivacyLedger(owner=f"partition-{p}") for p in partitions}
+        # recorded since the last take_pending; only a checkpointed run journals them
+        self._pending: dict[int, list[LedgerEntry]] | None = {} if config.get("checkpoint") else None
 
     def record(self, partition: int, entries: list[LedgerEntry]) -> None:
         if entries:
             self.ledgers[partition].record(*entries)
+            if self._pending is not None:
+                self._pending.setdefault(partition, []).extend(entries)
+
+    def take_pending(self) -> dict[int, list[LedgerEntry]]:
+        """The entries recorded since the last call, per partition: what a checkpoint save journals."""
+        pending = self._pending or {}
+        if self._pending is not None:
+            self._pending = {}
+        return pending
+
+    def restore(self, entries: Mapping[int, Sequence[LedgerEntry]]) -> None:
+        """Record entries a checkpoint journal holds already (so they are not pending)."""
+        for partition, journaled in entries.items():
+            if journaled:
+                self.ledgers[partition].record(*journaled)
 
     def epsilons(self) -> dict[int, float]:
         return {p: ledger.epsilon(self.delta, accountant=self.accountant) for p, ledger in self.ledgers.items()}

@@ -141,3 +141,21 @@ def test_table1_benchmark_ratio_compares_like_with_like(capsys, monkeypatch):
     like_for_like = {round(simulation["wall_s"] / inprocess["process_s"], 2),
                      round(simulation["serverapp_s"] / inprocess["run_s"], 2)}
     assert result["ratio"] in like_for_like, (result["ratio"], like_for_like)
+
+
+def test_checkpoint_growth_benchmark_ends_with_its_figures(capsys):
+    """At a tiny size: both arms measured at each round asked, the ratios printed, then the JSON line."""
+    bench = _import("checkpoint_growth")
+    assert bench.main(["--rounds", "2,6", "--clients", "3", "--repeat", "2"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert result["benchmark"] == "checkpoint_growth" and result["clients"] == 3
+    for r in (2, 6):
+        figures = result[f"rounds_{r}"]
+        assert figures["ours_ms"] > 0 and figures["reference_ms"] > 0
+        assert figures["ours_bytes"] > 0 and figures["reference_bytes"] > 0
+    # the reference rewrites every row and entry: its save grows with the round, ours does not
+    assert result["rounds_6"]["reference_bytes"] > result["rounds_2"]["reference_bytes"]
+    assert result["rounds_6"]["ours_bytes"] < 1.1 * result["rounds_2"]["ours_bytes"]
+    assert result["run_total_bytes"]["rounds"] == 6
+    assert any(line.split()[:1] == ["6"] and "x" in line for line in lines[:-1])  # the ratios, for people
