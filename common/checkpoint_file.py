@@ -98,6 +98,7 @@ def save_checkpoint(path: Path, state: Mapping[str, Any]) -> Path:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_dir(path.parent)
     return path
 
 
@@ -154,7 +155,7 @@ def append_journal(path: Path, end: int, line: bytes) -> int:
         fh.flush()
         os.fsync(fh.fileno())
     if created:
-        _fsync_dir(path.parent)  # the checkpoint about to name this journal must not outlive it
+        fsync_dir(path.parent)  # the checkpoint about to name this journal must not outlive it
     return end + len(line)
 
 
@@ -188,7 +189,8 @@ def read_journal(path: Path, end: int, digest: str, what_to_do: str) -> list[Any
         raise refused(f"is not JSON Lines ({exc})") from exc
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
+    """Make a rename or file creation in `folder` durable (best effort: not every platform can)."""
     try:
         fd = os.open(folder, os.O_RDONLY)
     except OSError:

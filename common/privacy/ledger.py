@@ -58,6 +58,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import dp_accounting as dpa
 
+from common.checkpoint_file import fsync_dir
 from common.privacy import accounting
 from common.privacy.events import LedgerEntry
 
@@ -584,12 +585,5 @@ def _write_new(target: Path, owner: str, entries: Sequence[LedgerEntry]) -> _Pos
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    try:  # make the rename durable
-        dir_fd = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-    except OSError:
-        pass
+    fsync_dir(target.parent)
     return _Pos(st.st_dev, st.st_ino, len(data))
