@@ -75,7 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_steps)
 
     p = sub.add_parser("ledger", help="report a saved privacy ledger")
-    p.add_argument("path", help="ledger JSON file")
+    p.add_argument("path", help="a ledger file (*.ledger.json: JSON Lines, or a version-1 JSON object)")
     p.add_argument("--delta", type=_finite, required=True, help="target delta")
     p.add_argument("--accountant", choices=("rdp", "pld", *PAPER_ACCOUNTANTS), default="rdp",
                    help="rdp, pld or a paper accountant (upcycled-thm6.2, hu-thm1, ali-eq12, fedlap-thm5.8)")

@@ -8,8 +8,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from client.node import local_client
-from client.privacy import BudgetExhausted, charges_recorded, refusal
-from client.resume import resumable, snapshot_folder
+from client.privacy import BudgetExhausted, charges_recorded, claim, refusal
+from client.resume import LINEAGE, resumable, snapshot_folder
 from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
 from client.updates.acknowledged import ACKNOWLEDGED
@@ -131,6 +131,8 @@ def check_instruction(client, content: RecordDict) -> None:
     received = fitting_state(client.model, content[ARRAYS])
     if not all(bool(torch.isfinite(v).all()) for v in received.values() if v.is_floating_point()):
         raise ValueError("the instruction's model holds NaN or infinite values")
+    if is_private(client.config) and LINEAGE in instruction:  # a resumable run: its ledger is the run-name's
+        claim(client.ledger, str(instruction[LINEAGE]))
     if "local-epochs" in instruction:
         local_epochs(client.config, instruction)
     if client.config["privacy"] == "dpsgd" and client.config["strategy"] != "fedlap":

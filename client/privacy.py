@@ -96,6 +96,34 @@ def locked(ledger: PrivacyLedger) -> Iterator[PrivacyLedger]:
         yield ledger
 
 
+class LedgerOfAnotherStart(RuntimeError):
+    """The run-name's ledger holds charges made under another start of the run (see `claim`)."""
+
+
+def claim(ledger: PrivacyLedger, lineage: str) -> None:
+    """Bind a resumable run's ledger to the start of the run that charges it (its lineage token,
+    server/checkpoint.py), in `<ledger>.lineage` beside it. The ledger is keyed by the run-name, so a
+    fresh start under a run-name already used (its checkpoint deleted) would otherwise find charges its
+    server's mirror does not hold, and report an epsilon without them. A start that continues the run
+    (a resume) has the same token; another start is refused while the ledger holds entries."""
+    if ledger.path is None:
+        return
+    tag = ledger.path.with_name(ledger.path.name.removesuffix(".ledger.json") + ".lineage")
+    with locked(ledger):
+        held = tag.read_text().strip() if tag.exists() else None
+        if held == lineage:
+            return
+        if held is not None and ledger.entries:
+            raise LedgerOfAnotherStart(
+                f"this node's privacy ledger {ledger.path} holds {len(ledger.entries)} entries charged by an "
+                f"earlier start of run-name {ledger.path.parent.name.removeprefix('name-')!r}; this start "
+                "(a fresh one: its checkpoint is gone) would report an epsilon without them. Start afresh "
+                "under another run-name")
+        tmp = tag.with_name(tag.name + ".tmp")
+        tmp.write_text(lineage)
+        os.replace(tmp, tag)
+
+
 def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry],
            also: Mapping[str, float] | None = None) -> None:
     """Refuse if `entries` would exceed the budget; otherwise record them (persisted).

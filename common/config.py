@@ -129,19 +129,20 @@ SCHEMA: dict[str, Key] = {
     "stragglers": Key(0.0, "probability that a sampled client straggles: it runs floor(U*E) local epochs "
                       "(U uniform, redrawn until >= 1) and is still aggregated; drawn from (seed, training round)",
                       low=0.0, high=1.0),
-    "server-momentum": Key(0.3, "FedAvgM server momentum (server lr 1)", low=0.0, high=1.0),
+    "server-momentum": Key(0.3, "FedAvgM server momentum (server lr 1)", low=0.0, high=1.0, high_open=True),
     "server-nesterov": Key(True, "FedAvgM: Nesterov momentum as the Upcycled-FL code; false: Flower's heavy-ball"),
     "prox-mu": Key(0.5, "FedProx proximal coefficient mu (client adds mu/2 ||w - w_global||^2)", low=0.0),
     "scaffold-server-lr": Key(1.0, "SCAFFOLD global step size eta_g on the averaged model change", low=0.0, low_open=True),
     "feddyn-alpha": Key(0.01, "FedDyn regularisation alpha", low=0.0, low_open=True),
     "feddyn-max-grad-norm": Key(10.0, "FedDyn local gradient-norm clipping (0: none)", low=0.0),
     "pfedme-k": Key(5, "pFedMe inner steps K on the personalised model per minibatch", low=1),
-    "pfedme-lambda": Key(15.0, "pFedMe lambda: pull of the personalised model towards the local model", low=0.0),
+    "pfedme-lambda": Key(15.0, "pFedMe lambda: pull of the personalised model towards the local model", low=0.0,
+                         low_open=True),
     "pfedme-mu": Key(1e-3, "pFedMe L2 coefficient mu on the personalised model", low=0.0),
     "yogi-lr": Key(0.1, "FedYogi server learning rate eta", low=0.0, low_open=True),
     "yogi-tau": Key(1e-3, "FedYogi adaptivity tau", low=0.0, low_open=True),
-    "yogi-beta1": Key(0.9, "FedYogi first-moment decay beta1", low=0.0, high=1.0),
-    "yogi-beta2": Key(0.99, "FedYogi second-moment decay beta2", low=0.0, high=1.0),
+    "yogi-beta1": Key(0.9, "FedYogi first-moment decay beta1", low=0.0, high=1.0, high_open=True),
+    "yogi-beta2": Key(0.99, "FedYogi second-moment decay beta2", low=0.0, high=1.0, high_open=True),
     # secure aggregation and DP-FedAvg (Hu et al.)
     "secure-aggregation": Key(False, "mask every training reply with pairwise PRF masks (common/secagg, "
                               "server/secagg_grid.py): the server learns only the weighted average of the "

@@ -330,6 +330,8 @@ class Checkpointer:
             if (lost["lineage"] != self.lineage and not any_lineage) or lost["round"] != done + 1:
                 return False  # another run's, or a round that was checkpointed after all
             ledgers = {int(p): PrivacyLedger.from_json(ledger) for p, ledger in lost["mirror"].items()}
+            if not re.fullmatch(r"[0-9a-f]{1,64}", str(lost["lineage"])):
+                raise CheckpointError(f"its lineage {str(lost['lineage'])[:80]!r} is not a hex token")
         except UNREADABLE + (CheckpointError,) as exc:  # deleting it would drop that round from the mirror
             raise CheckpointError(f"{self.inflight_path} (the privacy of round {done + 1}, interrupted after its "
                                   f"instructions left) cannot be read ({type(exc).__name__}: {exc}); the clients "
@@ -341,6 +343,8 @@ class Checkpointer:
                                   f"have; {AFRESH}")
         for p, ledger in ledgers.items():
             mirror.record(p, list(ledger.entries))
+        if any_lineage:  # this start continues the crashed one, whose token the nodes' ledgers are bound to
+            self.lineage = str(lost["lineage"])
         self.log(f"round {done + 1} was interrupted after its instructions left: the privacy its "
                  f"{len(ledgers)} instructed clients may have spent is counted (as their own ledgers do)")
         return True

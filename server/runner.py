@@ -253,7 +253,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         "config": dict(config), "versions": package_versions(),
         "initial": {"accuracy": initial_accuracy, "loss": initial_loss},
         "final": {"accuracy": final["accuracy"], "loss": final["loss"], "round": final["round"]},
-        "rounds": num_rounds, "wall_seconds": time.perf_counter() - started,
+        "rounds": final["round"], "planned_rounds": num_rounds, "wall_seconds": time.perf_counter() - started,
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
         "privacy": mirror.summary(), "data_files": federation.meta.get("files", []),
     }

@@ -212,6 +212,8 @@ def test_a_crash_in_round_1_is_counted_in_the_mirror(tmp_path):
     mirrored = mirror_steps(resumed)
     for p in range(3):
         assert mirrored[p] >= client_steps(cfg, p), (p, mirrored[p], client_steps(cfg, p))
+        # the restart continues the crashed start (its lineage), so the nodes train: round 1 twice, then 2, 3
+        assert client_steps(cfg, p) == 4 * STEPS
 
 
 def test_a_moved_checkpoint_dir_neither_wipes_the_results_nor_undercounts(tmp_path):

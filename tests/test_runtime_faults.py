@@ -147,7 +147,8 @@ def test_pfedme_personal_accuracy_is_not_taken_over_by_one_claimed_test_size(tmp
     hold 347 of the 352 test examples, report ~0.9 (floor 0.895). With the liar weighted by at most its true test
     size (5), the value cannot fall below sum_honest(a_i n_i) / (n_honest + 5)."""
     honest = {}
-    liar = node_ids_for(5, 3)[1]  # the in-process grid's node of partition 1 (run_id 5, as `run`'s)
+    nodes = node_ids_for(5, 3)  # the in-process grid's node of each partition (run_id 5, as `run`'s)
+    liar = nodes[1]
 
     def edit(messages, replies):
         out = []
@@ -159,15 +160,15 @@ def test_pfedme_personal_accuracy_is_not_taken_over_by_one_claimed_test_size(tmp
                 content["metrics"] = MetricRecord(metrics)
                 r = rewritten(r, content)
             else:
-                honest[r.metadata.src_node_id] = (metrics["personal-accuracy"], metrics["test-examples"])
+                honest[r.metadata.src_node_id] = metrics["personal-accuracy"]
             out.append(r)
         return out
 
     _, rows, _, _ = run(tmp_path, edit, strategy="pfedme", **{"num-rounds": 1})
     config = validate({**BASE})
-    liar_true_tests = len(load_federation(config).clients[1].y_test)
-    assert len(honest) == 2 and liar_true_tests == 5
-    floor = sum(a * n for a, n in honest.values()) / (sum(n for _, n in honest.values()) + liar_true_tests)
+    tests = {nodes[p]: len(c.y_test) for p, c in enumerate(load_federation(config).clients)}
+    assert len(honest) == 2 and tests[liar] == 5
+    floor = sum(a * tests[n] for n, a in honest.items()) / (sum(tests[n] for n in honest) + tests[liar])
     assert rows[0]["train_personal_accuracy"] >= floor - 1e-9, (rows[0]["train_personal_accuracy"], floor)
 
 

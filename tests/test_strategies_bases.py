@@ -129,7 +129,7 @@ def test_pfedme_keeps_the_personal_model_and_reports_its_accuracy(client):
     c = LocalClient(validate({**RUN, "lr": 0.01, "local-epochs": 1}), 1)
     reply = update_rule("pfedme")(c, RecordDict({ARRAYS: arrays, CONFIG: config}), state)
     metrics = reply[METRICS]
-    assert 0.0 <= metrics["personal-accuracy"] <= 1.0 and metrics["test-examples"] == len(c.y_test) > 0
+    assert 0.0 <= metrics["personal-accuracy"] <= 1.0  # weighted by the test sizes the server loads itself
     personal, local = arrays_to_state_dict(state[PFEDME_STATE]), arrays_to_state_dict(reply[ARRAYS])
     assert any(not torch.equal(personal[k], local[k]) for k in personal)
 

@@ -71,6 +71,5 @@ def pfedme_update(client, content, state):
         for name, p in zip(names, params):
             p.copy_(w_local[name])
     metrics = MetricRecord({NUM_EXAMPLES: client.num_train, "train-loss": train_loss,
-                            "personal-accuracy": float(p_acc), "personal-loss": float(p_loss),
-                            "test-examples": n_test})
+                            "personal-accuracy": float(p_acc), "personal-loss": float(p_loss)})
     return RecordDict({ARRAYS: model_to_arrays(model), METRICS: metrics})

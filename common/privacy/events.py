@@ -226,9 +226,9 @@ def objective_perturbation_release(alpha: float, u1: float, u2: float, mu: float
 
 
 def post_processing(*, round: int | None = None, note: str = "", **meta: Any) -> LedgerEntry:  # noqa: A002
-    """A step that touches no private data (e.g. an Upcycled-FL even round,
-    FedLAP synthesis and server training): recorded so the ledger shows it, at
-    zero cost (Dwork & Roth, Prop. 2.1)."""
+    """A step that touches no private data beyond what the ledger already charged (FedLAP-DP's synthesis
+    and local steps on the synthetic set): recorded so the ledger shows it, at zero cost (Dwork & Roth,
+    Prop. 2.1)."""
     m = dict(meta)
     if note:
         m["note"] = note

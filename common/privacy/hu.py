@@ -84,10 +84,11 @@ def hu_entries(config: Mapping[str, Any], instruction: Mapping[str, Any], datase
     r = int(instruction.get("hu-clients-per-round", 1))
     rho = round_rho(accountant, sigma, local_steps=tau, clip=clip, dataset_size=int(dataset_size), batch_size=gamma,
                     clients_per_round=r, num_clients=int(config["num-clients"]))
-    train_round = int(instruction.get("train-round", instruction["server-round"]))
-    entry = zcdp_release(rho, round=train_round, mechanism="hu-dp-fedavg", accountant=accountant, sigma=sigma,
+    server_round = int(instruction["server-round"])  # the ledger's round, as every mechanism's (Upcycled: odd)
+    train_round = int(instruction.get("train-round", server_round))
+    entry = zcdp_release(rho, round=server_round, mechanism="hu-dp-fedavg", accountant=accountant, sigma=sigma,
                          local_steps=tau, clip=clip, batch_size=gamma, dataset_size=int(dataset_size),
-                         clients_per_round=r)
+                         clients_per_round=r, **{"train-round": train_round})
     assumption = paper_assumption(accountant, int(dataset_size), gamma, tau)
     if assumption:
         entry = LedgerEntry(entry.kind, {**entry.params, "assumption": assumption}, entry.round, entry.meta)

@@ -18,7 +18,8 @@ which evaluates all personalised models (untrained ones = the initial model).
 The runner's central accuracy remains the global model's.
 
 Upcycled-FL: even rounds extrapolate the global model only; personalised
-models are not updated (no client is contacted), as in the authors' code.
+models are not updated (no client is contacted), as in the authors' code,
+and the even round's row repeats their accuracy (`personal_metrics`).
 """
 
 from __future__ import annotations
@@ -59,8 +60,16 @@ class PFedMe(RosterSampling, FlowerFedAvg):
             acc, partition = reported.get(msg.metadata.src_node_id), self._partition_of[msg.metadata.src_node_id]
             if isinstance(acc, (int, float)) and 0 <= acc <= 1 and self.test_sizes.get(partition, 0) > 0:
                 self.personal[partition] = float(acc)
-        if metrics is not None and self.personal:
-            total = sum(self.test_sizes[p] for p in self.personal)
-            metrics["personal-accuracy"] = sum(a * self.test_sizes[p] for p, a in self.personal.items()) / total
-            metrics["personal-clients"] = len(self.personal)
+        if metrics is not None:
+            for key, value in self.personal_metrics().items():
+                metrics[key] = value
         return arrays, metrics
+
+    def personal_metrics(self) -> dict[str, float]:
+        """The personalised models' accuracy, weighted by test examples over every client trained so far
+        (the Upcycled wrapper reports it on even rounds too, where no personalised model changes)."""
+        if not self.personal:
+            return {}
+        total = sum(self.test_sizes[p] for p in self.personal)
+        return {"personal-accuracy": sum(a * self.test_sizes[p] for p, a in self.personal.items()) / total,
+                "personal-clients": len(self.personal)}

@@ -117,7 +117,8 @@ class Upcycled(Strategy):
         new = extrapolate(self._after, previous, theta)
         if hasattr(self.base, "upcycle_state"):
             self.base.upcycle_state(theta)
-        return new, MetricRecord({"upcycled-theta": theta})
+        carried = getattr(self.base, "personal_metrics", dict)()  # pFedMe: its unchanged personalised models
+        return new, MetricRecord({"upcycled-theta": theta, **carried})
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                            grid: Grid) -> Iterable[Message]:
