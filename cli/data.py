@@ -49,6 +49,9 @@ def _check(args: argparse.Namespace) -> int:
     from common.data.provenance import check_folder
 
     data_dir = resolve_data_dir({"data-dir": args.data_dir})
+    if not data_dir.is_dir():
+        print(f"privfed data: error: {data_dir} is not a folder (set --data-dir or $PRIVFED_DATA_DIR)", file=sys.stderr)
+        return 2
     try:
         found = check_folder(data_dir)
     except OSError as err:

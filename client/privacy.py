@@ -23,6 +23,7 @@ from typing import Iterator, Mapping
 
 from flwr.app import Error, Message
 
+from common.checkpoint_file import fsync_dir
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
 
@@ -120,8 +121,12 @@ def claim(ledger: PrivacyLedger, lineage: str) -> None:
                 "(a fresh one: its checkpoint is gone) would report an epsilon without them. Start afresh "
                 "under another run-name")
         tmp = tag.with_name(tag.name + ".tmp")
-        tmp.write_text(lineage)
+        with open(tmp, "w") as f:
+            f.write(lineage)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, tag)
+        fsync_dir(tag.parent)
 
 
 def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry],

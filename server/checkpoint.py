@@ -304,11 +304,16 @@ class Checkpointer:
 
     @property
     def inflight_path(self) -> Path:
-        return self.path.with_name(self.path.name.replace(".ckpt.npz", ".inflight.npz"))
+        return self._beside(".inflight.npz")
 
     @property
     def journal_path(self) -> Path:
-        return self.path.with_name(self.path.name.replace(".ckpt.npz", ".journal.jsonl"))
+        return self._beside(".journal.jsonl")
+
+    def _beside(self, suffix: str) -> Path:
+        """A file beside the checkpoint, named after the run: only the final suffix changes (a run-name may
+        itself contain '.ckpt.npz', and two runs must never share a file)."""
+        return self.path.with_name(self.path.name.removesuffix(".ckpt.npz") + suffix)
 
     def begin_round(self, server_round: int, planned: Mapping[int, list]) -> None:
         """Before a round's instructions leave: what the instructed clients may release in it. If the

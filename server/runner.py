@@ -185,7 +185,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     resumed, first_round = checkpointer.resume(strategy, mirror, writer, arrays)  # (None, 1) unless resuming
     if resumed is None:
         writer.reset()
-    elif sync := declared(strategy, "sync_with_mirror", None):  # ALI-DPFL's t: with a lost round the mirror counts
+    # ALI-DPFL's t follows the mirror, which counts a lost round (a resume, or a restart after round 1 was lost)
+    if sync := declared(strategy, "sync_with_mirror", None):
         sync(mirror)
     arrays = arrays if resumed is None else resumed
 

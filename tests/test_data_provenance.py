@@ -90,3 +90,8 @@ def test_data_check_reports_ok_differing_and_missing(released_copy, capsys):
 def test_the_shared_data_folder_is_the_published_data():
     shared = data_dir_or_skip("mnist")
     assert main(["data", "check", "--data-dir", str(shared)]) == 0
+
+
+def test_data_check_of_a_folder_that_does_not_exist_is_an_error(tmp_path, capsys):
+    assert main(["data", "check", "--data-dir", str(tmp_path / "typo")]) == 2
+    assert "is not a folder" in capsys.readouterr().err

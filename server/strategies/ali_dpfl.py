@@ -165,8 +165,9 @@ class AliDpfl(FedAvg):
         self.secant._prev = None if prev is None else (prev[0], prev[1], float(prev[2]))
 
     def sync_with_mirror(self, mirror) -> None:
-        """After a resume: the mirror also counts a round lost between the clients' charge and the checkpoint
-        (an upper bound of what they spent); t follows it, so no tau asks a client for more than it has left."""
+        """Before the first round: the mirror also counts a round lost between the clients' charge and the
+        checkpoint (an upper bound of what they spent; a fresh start's mirror is empty); t follows it, so no
+        tau asks a client for more than it has left."""
         for p in self.steps:
             self.steps[p] = max(self.steps[p], mirror.ledgers[p].steps())
 
