@@ -41,6 +41,7 @@ from server import checkpoint  # noqa: E402
 from server.privacy_mirror import PrivacyMirror  # noqa: E402
 from server.roster import Roster  # noqa: E402
 from server.strategies.registry import build_strategy  # noqa: E402
+from ledger_growth import written_bytes  # noqa: E402  (this folder: the script's own)
 
 Q, SIGMA, STEPS = 0.0256, 1.1, 40
 MODEL = ArrayRecord({"w": Array(np.zeros((60, 10), np.float32)), "b": Array(np.zeros(10, np.float32))})
@@ -64,14 +65,6 @@ class Rows:
 
     def __init__(self) -> None:
         self.rows: list[dict] = []
-
-
-def written_bytes() -> int | None:
-    try:
-        with open("/proc/self/io") as f:
-            return next(int(line.split()[1]) for line in f if line.startswith("wchar:"))
-    except (OSError, StopIteration):
-        return None
 
 
 def files_size(paths: list[Path]) -> int:
