@@ -106,7 +106,8 @@ def claim(ledger: PrivacyLedger, lineage: str) -> None:
     server/checkpoint.py), in `<ledger>.lineage` beside it. The ledger is keyed by the run-name, so a
     fresh start under a run-name already used (its checkpoint deleted) would otherwise find charges its
     server's mirror does not hold, and report an epsilon without them. A start that continues the run
-    (a resume) has the same token; another start is refused while the ledger holds entries."""
+    (a resume) has the same token; another start is refused while the ledger holds entries. A ledger
+    written before these tags existed is claimed by the first start that presents a token."""
     if ledger.path is None:
         return
     tag = ledger.path.with_name(ledger.path.name.removesuffix(".ledger.json") + ".lineage")

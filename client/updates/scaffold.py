@@ -2,15 +2,15 @@
 
 The node keeps its control variate c_i in `Context.state` (zero before its
 first round), so it persists across rounds and never leaves the node; only
-the change delta c_i goes up. c_i+ becomes c_i once the server says it
-aggregated this reply (client/updates/acknowledged.py). Each step uses the gradient g + c - c_i; after K
+the change delta c_i goes up. Each step uses the gradient g + c - c_i; after K
 steps from x to y:
 
     c_i+ = c_i - c + (x - y) / (K lr)        delta c_i = c_i+ - c_i
 
-K counts the optimizer steps actually taken (a straggler takes fewer). Control
-variates exist for every array of the model record; only parameters get a
-correction, the others (buffers) keep c_i = 0.
+c_i+ becomes c_i once the server says it aggregated this reply
+(client/updates/acknowledged.py). K counts the optimizer steps actually taken
+(a straggler takes fewer). Control variates exist for every array of the model
+record; only parameters get a correction, the others (buffers) keep c_i = 0.
 """
 
 from __future__ import annotations
