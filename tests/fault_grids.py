@@ -7,6 +7,7 @@ from flwr.app import Message, MessageType
 from flwr.serverapp import Grid
 
 from client.secagg import VECTOR, WORDS, words_record
+from server.delegating_grid import DelegatingGrid
 
 
 class Killed(RuntimeError):
@@ -35,31 +36,13 @@ class DiesAfter:
         return getattr(self.inner, name)
 
 
-class Recorder(Grid):
+class Recorder(DelegatingGrid):
     """Below the secure grid: records every message the server receives; can drop or corrupt replies."""
 
     def __init__(self, inner: Grid, drop: dict[int, int] | None = None, corrupt: dict[int, int] | None = None):
-        self.inner, self.received, self.sent, self.train_round = inner, [], [], 0
+        super().__init__(inner)
+        self.received, self.sent, self.train_round = [], [], 0
         self.drop, self.corrupt = drop or {}, corrupt or {}  # train round -> partition index
-
-    def set_run(self, run_id):
-        self.inner.set_run(run_id)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *a, **k):
-        return self.inner.create_message(*a, **k)
-
-    def get_node_ids(self):
-        return self.inner.get_node_ids()
-
-    def push_messages(self, messages):
-        return self.inner.push_messages(messages)
-
-    def pull_messages(self, ids):
-        return self.inner.pull_messages(ids)
 
     def send_and_receive(self, messages: Iterable[Message], *, timeout=None):
         messages = list(messages)

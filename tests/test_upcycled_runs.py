@@ -7,11 +7,11 @@ import json
 from collections import defaultdict
 
 import pytest
-from flwr.serverapp import Grid
 from rich.console import Console
 
 from common.config import validate
 from common.records import CONFIG
+from server.delegating_grid import DelegatingGrid
 from server.inprocess import CLIENT_APP
 from server.inprocess_grid import InProcessGrid
 from server.runner import run_federation
@@ -20,26 +20,14 @@ BASE = {"num-clients": 6, "fraction-train": 0.5, "local-epochs": 4, "stragglers"
         "dataset": "synthetic", "momentum": 0.5}
 
 
-class CountingGrid(Grid):
+class CountingGrid(DelegatingGrid):
     """Delegates to `inner`; records every message handed to a client (by partition: node ids
     change from run to run)."""
 
     def __init__(self, inner: InProcessGrid):
-        self.inner, self.delivered, self.calls = inner, [], 0
+        super().__init__(inner)
+        self.delivered, self.calls = [], 0
         self.partition_of = {node: int(c.node_config["partition-id"]) for node, c in inner.contexts.items()}
-
-    def set_run(self, run_id):
-        self.inner.set_run(run_id)
-
-    @property
-    def run(self):
-        return self.inner.run
-
-    def create_message(self, *args, **kwargs):
-        return self.inner.create_message(*args, **kwargs)
-
-    def get_node_ids(self):
-        return self.inner.get_node_ids()
 
     def _record(self, messages):
         self.calls += 1

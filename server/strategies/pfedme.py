@@ -61,8 +61,7 @@ class PFedMe(RosterSampling, FlowerFedAvg):
             if isinstance(acc, (int, float)) and 0 <= acc <= 1 and self.test_sizes.get(partition, 0) > 0:
                 self.personal[partition] = float(acc)
         if metrics is not None:
-            for key, value in self.personal_metrics().items():
-                metrics[key] = value
+            metrics.update(self.personal_metrics())
         return arrays, metrics
 
     def personal_metrics(self) -> dict[str, float]:
