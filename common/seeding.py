@@ -44,8 +44,14 @@ def global_torch_rng(seed: int, purpose: str, *indices: int, device: torch.devic
     never touches CUDA (its context costs GPU memory, and an exclusive GPU refuses a second process)."""
     gpu = device is not None and torch.device(device).type == "cuda"
     devices = [torch.device(device).index or 0] if gpu else []
+    derived = torch_generator(seed, purpose, *indices).initial_seed()
     with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(torch_generator(seed, purpose, *indices).initial_seed())
+        # Not torch.manual_seed: it also queues a seed, with a captured stack trace, for every lazily
+        # initialised backend (CUDA, XPU, MTIA) of a CPU process: 0.3 ms instead of 0.03 ms a client round.
+        torch.default_generator.manual_seed(derived)
+        if gpu:
+            with torch.cuda.device(devices[0]):
+                torch.cuda.manual_seed(derived)
         yield
 
 

@@ -159,3 +159,25 @@ def test_checkpoint_growth_benchmark_ends_with_its_figures(capsys):
     assert result["rounds_6"]["ours_bytes"] < 1.1 * result["rounds_2"]["ours_bytes"]
     assert result["run_total_bytes"]["rounds"] == 6
     assert any(line.split()[:1] == ["6"] and "x" in line for line in lines[:-1])  # the ratios, for people
+
+
+def test_iteration_budget_benchmark_checks_both_searches_agree_and_ends_with_json(capsys, monkeypatch):
+    """Both searches must return the same R_c; RDP stands in for PLD here to keep the test fast."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import iteration_budget as bench
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    from common.privacy import accounting
+
+    real = accounting.dpsgd_epsilon
+    monkeypatch.setattr(accounting, "dpsgd_epsilon", lambda q, s, k, d, accountant: real(q, s, k, d))
+    monkeypatch.setattr(accounting, "_pld_steps_epsilon",
+                        lambda q, s, d: accounting._steps_epsilon_fn(q, s, d, "rdp", "balle", None))
+    bench.main(["--epsilons", "1.55,2"])
+    out = capsys.readouterr().out.strip().splitlines()
+    assert "ratio" in out[-2]
+    result = json.loads(out[-1])
+    assert result["benchmark"] == "iteration_budget"
+    assert result["r_c"] == [accounting.max_steps(e, bench.DELTA, bench.Q, bench.SIGMA) for e in (1.55, 2.0)]
+    assert sum(result["ours_probes"]) < sum(result["reference_probes"])

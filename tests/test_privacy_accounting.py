@@ -160,7 +160,54 @@ def test_max_steps_exact_balle_and_inverse_of_epsilon():
     assert acc.max_steps(1e-6, DELTA, 0.5, 0.5) == 0
 
 
-@pytest.mark.slow
+def _scan(eps, target):
+    k = 0
+    while eps(k + 1) <= target:
+        k += 1
+    return k
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_largest_within_finds_the_exact_integer_boundary_of_any_monotone_curve(seed):
+    """Secant probes must never skip the boundary, whatever the curve's shape (steps, plateaus, jumps to
+    inf, a wrong guess), and the probes stay few."""
+    rng = np.random.default_rng(seed)
+    increments = rng.choice([0.0, 0.001, 0.01, 0.3], size=3000, p=[0.3, 0.4, 0.25, 0.05]) * rng.exponential(size=3000)
+    curve = np.concatenate([[0.0], np.cumsum(increments)])
+    if seed % 4 == 0:
+        curve[rng.integers(1, 3000):] = np.inf
+    probes = []
+
+    def eps(k):
+        probes.append(k)
+        return float(curve[k]) if k < len(curve) else math.inf
+
+    target = float(rng.uniform(0, curve[-2] if np.isfinite(curve[-2]) else 5.0))
+    guess = int(rng.integers(0, 4000)) if seed % 2 else None
+    assert acc.largest_within(eps, target, guess) == _scan(lambda k: float(curve[k]), target)
+    assert len(set(probes)) <= 3 * math.ceil(math.log2(16 * 3000)) + 2  # overshoot <= 16x; a halving <= 3
+
+
+def test_largest_within_needs_few_probes_on_a_dpsgd_curve():
+    calls = []
+
+    def eps(k):
+        calls.append(k)
+        return acc.dpsgd_epsilon(0.015, 1.1, k, DELTA)
+
+    rc = acc.largest_within(eps, 2.0)
+    assert eps(rc) <= 2.0 < eps(rc + 1)
+    assert len(calls) - 2 <= 8  # doubling and bisection took 2 log2(R_c) = 21
+
+
+@pytest.mark.parametrize("steps", [1, 10, 57])
+def test_pld_search_epsilon_is_bit_for_bit_the_accountants(steps):
+    """R_c's search builds the one-step PLD once; it must agree exactly with the PLD accountant the
+    ledgers use, or a planned last round could be refused (or the budget under-used) at the boundary."""
+    eps = acc._steps_epsilon_fn(0.05, 2.0, DELTA, "pld", "balle", None)
+    assert eps(steps) == acc.dpsgd_epsilon(0.05, 2.0, steps, DELTA, accountant="pld")
+
+
 def test_pld_max_steps_small():
     rc = acc.max_steps(1.0, DELTA, 0.05, 2.0, accountant="pld")
     assert acc.dpsgd_epsilon(0.05, 2.0, rc, DELTA, accountant="pld") <= 1.0
