@@ -49,7 +49,6 @@ def main(args: argparse.Namespace) -> int:
     from cli.repro import _print_table
     from cli.run import print_epsilon_notes, read_summary
     from server.report import render_report
-    from server.results import plot_accuracy, read_rows
 
     console = Console(highlight=False)
     missing = [d for d in args.dirs if not Path(d).is_dir()]
@@ -86,13 +85,22 @@ def main(args: argparse.Namespace) -> int:
                 continue
             shown.append(s)
             if not args.no_plots and (run / "metrics.jsonl").is_file():
-                config = json.loads((run / "summary.json").read_text()).get("config", {})
-                rows = read_rows(run)
-                if rows:
-                    plot_accuracy(rows, run / "accuracy.png", f"{config.get('strategy')} on {config.get('dataset')}")
+                try:
+                    _plot(run)
+                except OSError as err:  # a full or read-only disk: the table still shows the run
+                    print(f"privfed report: no plot for {run}: {err.strerror or err}", file=sys.stderr)
             fmt = lambda v, spec=".4f": "-" if v is None else format(v, spec)  # noqa: E731
             table.add_row(str(run), str(s["seed"]), fmt(s["accuracy"]), fmt(s["loss"]), fmt(s["epsilon"], ".3f"),
                           str(s["rounds"]), fmt(s["wall"], ".1f"))
         console.print(table)
         print_epsilon_notes(console, shown)
     return 0 if reported + len(shown) else 1  # everything found was unreadable
+
+
+def _plot(run: Path) -> None:
+    from server.results import plot_accuracy, read_rows
+
+    config = json.loads((run / "summary.json").read_text()).get("config", {})
+    rows = read_rows(run)
+    if rows:
+        plot_accuracy(rows, run / "accuracy.png", f"{config.get('strategy')} on {config.get('dataset')}")

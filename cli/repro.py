@@ -163,9 +163,14 @@ def main(args: argparse.Namespace) -> int:
                   f"results in {suite_dir}")
     failed = _execute(todo, len(done), args.jobs, console)
     wall = time.perf_counter() - started
-    write_timing(suite_dir, wall, executed=len(todo) - len(failed), skipped=len(done), failed=len(failed),
-                 jobs=args.jobs)
-    md, results = render_report(suite_dir, plots=not args.no_plots)
+    try:
+        write_timing(suite_dir, wall, executed=len(todo) - len(failed), skipped=len(done), failed=len(failed),
+                     jobs=args.jobs)
+        md, results = render_report(suite_dir, plots=not args.no_plots)
+    except OSError as e:  # the runs are kept: `privfed report` writes the report once there is room
+        print(f"privfed repro: error: the runs are in {suite_dir}, but the report could not be written: "
+              f"{e.strerror or e}{f' ({e.filename})' if e.filename else ''}", file=sys.stderr)
+        return 1
     _print_table(console, results)
     for job, why in failed:
         print(f"privfed repro: run failed: {job.label}: {why}", file=sys.stderr)

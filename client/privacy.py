@@ -23,7 +23,7 @@ from typing import Iterator, Mapping
 
 from flwr.app import Error, Message
 
-from common.checkpoint_file import fsync_dir
+from common.durable import write_atomically
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
 
@@ -121,13 +121,7 @@ def claim(ledger: PrivacyLedger, lineage: str) -> None:
                 f"earlier start of run-name {ledger.path.parent.name.removeprefix('name-')!r}; this start "
                 "(a fresh one: its checkpoint is gone) would report an epsilon without them. Start afresh "
                 "under another run-name")
-        tmp = tag.with_name(tag.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(lineage)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, tag)
-        fsync_dir(tag.parent)
+        write_atomically(tag, lambda f: f.write(lineage.encode()))
 
 
 def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry],

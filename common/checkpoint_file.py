@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
@@ -19,6 +18,8 @@ from typing import Any, Mapping
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
+
+from common.durable import fsync_dir, naming, write_atomically
 
 
 # --- flattening arrays out of JSON ------------------------------------------------
@@ -87,18 +88,7 @@ def save_checkpoint(path: Path, state: Mapping[str, Any]) -> Path:
     arrays: dict[str, np.ndarray] = {}
     meta = _flatten(dict(state), "", arrays)
     meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, __meta__=meta_bytes, **{f"a{k}": v for k, v in arrays.items()})
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    write_atomically(path, lambda fh: np.savez(fh, __meta__=meta_bytes, **{f"a{k}": v for k, v in arrays.items()}))
     return path
 
 
@@ -144,7 +134,7 @@ def append_journal(path: Path, end: int, line: bytes) -> int:
     than `end` is refused, as padding it would forge lines."""
     path.parent.mkdir(parents=True, exist_ok=True)
     created = not path.exists()
-    with os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as fh:
+    with naming(path), os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as fh:
         size = os.fstat(fh.fileno()).st_size
         if size < end:
             raise CheckpointError(f"checkpoint journal {path} holds {size} bytes, fewer than the {end} its "
@@ -187,17 +177,3 @@ def read_journal(path: Path, end: int, digest: str, what_to_do: str) -> list[Any
         return [json.loads(line) for line in lines]
     except ValueError as exc:
         raise refused(f"is not JSON Lines ({exc})") from exc
-
-
-def fsync_dir(folder: Path) -> None:
-    """Make a rename or file creation in `folder` durable (best effort: not every platform can)."""
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return  # no directory handles here (e.g. Windows): the rename or creation is as durable as it gets
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)

@@ -16,6 +16,8 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from common.durable import write_atomically
+
 PACKAGES = ("privfed", "flwr", "torch", "numpy", "opacus", "dp-accounting", "cryptography")
 
 
@@ -140,14 +142,16 @@ class ResultsWriter:
             fh.write(json.dumps(row) + "\n")
 
     def write_summary(self, summary: Mapping[str, Any]) -> Path:
+        """summary.json, written whole or not at all: its presence marks a finished run."""
         path = self.run_dir / "summary.json"
-        path.write_text(json.dumps(_clean(dict(summary)), indent=2, sort_keys=True) + "\n")
+        text = json.dumps(_clean(dict(summary)), indent=2, sort_keys=True) + "\n"
+        write_atomically(path, lambda fh: fh.write(text.encode()))
         return path
 
     def save_model(self, arrays) -> Path:
         """The final global model as model.npz (one array per state_dict entry)."""
         path = self.run_dir / "model.npz"
-        np.savez(path, **{key: array.numpy() for key, array in arrays.items()})
+        write_atomically(path, lambda fh: np.savez(fh, **{key: array.numpy() for key, array in arrays.items()}))
         return path
 
     def plot_accuracy(self, title: str) -> Path:

@@ -50,7 +50,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,7 +57,7 @@ from typing import Any, BinaryIO, NamedTuple
 
 import dp_accounting as dpa
 
-from common.checkpoint_file import fsync_dir
+from common.durable import naming, write_atomically
 from common.privacy import accounting
 from common.privacy.events import LedgerEntry
 
@@ -164,9 +163,14 @@ class PrivacyLedger:
             if f.seek(0, os.SEEK_END) > end:
                 f.truncate(end)  # a torn last line (a record that never returned) must not join these lines
             f.seek(end)
-            f.write(lines)
-            f.flush()
-            os.fsync(f.fileno())
+            try:
+                with naming(self.path):
+                    f.write(lines)
+                    f.flush()
+                    os.fsync(f.fileno())
+            except OSError:
+                _cut(f, end)  # a record that raised released nothing: it must not count
+                raise
         self._extend(entries, tally)
         self._pos = self._pos._replace(end=end + len(lines))
 
@@ -569,21 +573,17 @@ def _damaged(path: Path | None, exc: Exception) -> ValueError:
 
 
 def _write_new(target: Path, owner: str, entries: Sequence[LedgerEntry]) -> _Pos:
-    """Write a version-2 file whole, atomically (temp file in the same folder, fsync, os.replace)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Write a version-2 file whole, atomically."""
     data = _line({"format": FORMAT, "version": VERSION, "owner": owner}) + b"".join(
         _line(e.to_json()) for e in entries)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-            st = os.fstat(f.fileno())  # os.replace keeps the inode
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    fsync_dir(target.parent)
+    st = write_atomically(target, lambda f: f.write(data))
     return _Pos(st.st_dev, st.st_ino, len(data))
+
+
+def _cut(f: BinaryIO, end: int) -> None:
+    """Best effort: the file back to `end` bytes. Failing, the ledger keeps the lines and over-counts."""
+    try:
+        f.truncate(end)
+        os.fsync(f.fileno())
+    except OSError:
+        pass

@@ -1,0 +1,66 @@
+"""Durable writes: a file privfed writes lands whole or not at all, and a write that fails names its file.
+
+- `write_atomically(path, write)`: a temp file in the same folder, `write(fh)`, fsync, `os.replace`,
+  then the folder's fsync. On any failure the temp file is removed and the previous file, if any, is
+  untouched: a full disk never leaves a cut checkpoint, ledger or summary.json behind.
+- `fsync_dir(folder)`: makes a rename or a creation in `folder` durable. Only "this platform or file
+  system cannot" errors are ignored; an I/O error is raised, since a lost directory entry loses the
+  whole file (a ledger's later appends are fsynced in place, into the lost file).
+- `naming(path)`: an OSError that names no file (an fsync's EIO says only "Input/output error") is
+  re-raised naming `path`, so the one-line error a user sees says which file, on which disk, failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterator
+
+# fsync of a directory handle: refused by some platforms and file systems, which is not an I/O error
+_CANNOT_FSYNC_DIRS = {errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EBADF, errno.EISDIR}
+
+
+@contextlib.contextmanager
+def naming(path: str | os.PathLike) -> Iterator[None]:
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None:
+            raise
+        raise OSError(exc.errno, exc.strerror or str(exc), str(path)) from exc
+
+
+def fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return  # no directory handles here (e.g. Windows): the rename or creation is as durable as it gets
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _CANNOT_FSYNC_DIRS:
+            raise OSError(exc.errno, exc.strerror, str(folder)) from exc
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> os.stat_result:
+    """Replace `path` by what `write(fh)` writes; returns the new file's stat (os.replace keeps the inode)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with naming(path):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                write(fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+                stat = os.fstat(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
+    return stat
