@@ -114,7 +114,8 @@ SCHEMA: dict[str, Key] = {
     "local-epochs": Key(1, "local epochs per round", low=1),
     "batch-size": Key(32, "local minibatch size", low=1),
     "lr": Key(0.1, "local SGD learning rate", low=0.0, low_open=True),
-    "momentum": Key(0.0, "local SGD momentum (reset every round)", low=0.0, high=1.0),
+    "momentum": Key(0.0, "local SGD momentum (reset every round; ali-dpfl with the dp-secant mu estimator: "
+                    "must be 0)", low=0.0, high=1.0),
     "device": Key("auto", "where clients train", choices=("auto", "cpu", "cuda", "mps")),
     # Upcycled-FL and base algorithms
     "upcycled": Key(False, "Upcycled-FL: odd rounds run the base strategy; even rounds contact no client and set "
@@ -269,7 +270,8 @@ SCHEMA: dict[str, Key] = {
                             "end with the budget spent (false: the paper's tau* only)"),
     "ali-mu-estimator": Key("dp-secant", "ALI-DPFL mu estimate: 'dp-secant' = post-processing of the aggregated "
                             "DP updates (no leak, server/ali_mu.py); 'paper' = true full-batch gradients of the "
-                            "clients (leaks outside the accounting; logs a warning)",
+                            "clients (leaks outside the accounting; logs a warning, and its epsilon is "
+                            "reported as not a guarantee)",
                             choices=("dp-secant", "paper")),
     "ali-mu-ema": Key(0.5, "ALI-DPFL: mu = ema * mu_prev + (1 - ema) * estimate (0: the raw estimate)",
                       low=0.0, high=1.0),
@@ -410,6 +412,12 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
         raise ConfigError("strategy 'ali-dpfl' plans one tau per round from the clients' common step count t "
                           "(the paper: every client, every round); with fraction-train < 1 the clients' t "
                           "drift apart and the run stops when the first reaches R_c: set fraction-train = 1.0")
+    if v["strategy"] == "ali-dpfl" and v["ali-mu-estimator"] == "dp-secant" and v["momentum"] != 0:
+        raise ConfigError(f"strategy 'ali-dpfl' with ali-mu-estimator = 'dp-secant' cannot run with momentum = "
+                          f"{v['momentum']}: the estimator subtracts the DP noise of plain SGD steps from the "
+                          "secant (server/ali_mu.py), and momentum carries each step's noise into later steps, so "
+                          "noise alone would read as curvature and give a spurious mu: set momentum = 0.0 (the "
+                          "paper's plain SGD)")
     if v["upcycled"] and v["strategy"] in NOT_UPCYCLED:
         raise ConfigError(f"strategy {v['strategy']!r} cannot run with upcycled = true: {NOT_UPCYCLED[v['strategy']]}")
     _check_privacy_mechanism(v)  # declared, and (replacing the base rule) for the strategies it declares

@@ -6,9 +6,11 @@ Two estimators, chosen by `ali-mu-estimator`:
   models the server already holds, i.e. the aggregate of the clients' DP-SGD
   releases, so no ledger entry is needed and the ledgers stay exact. Round k
   ran tau_k DP-SGD steps from w_k and produced w_{k+1}; its aggregated
-  pseudo-gradient is G_k = (w_k - w_{k+1}) / (eta tau_k) (plain SGD, no momentum:
-  the p_i-weighted mean of the noisy clipped gradients along the round's
-  trajectories). The secant between consecutive rounds,
+  pseudo-gradient is G_k = (w_k - w_{k+1}) / (eta tau_k) (plain SGD: the
+  p_i-weighted mean of the noisy clipped gradients along the round's
+  trajectories; momentum would carry each step's noise into later steps and
+  break the V_k below, so the config refuses momentum != 0 with this
+  estimator). The secant between consecutive rounds,
       mu_k = || G_k - G_{k-1} || / || m_k - m_{k-1} ||,  m_k = (w_k + w_{k+1}) / 2
   (the midpoints of the two trajectories), estimates the curvature. The
   DP noise inflates ||G_k - G_{k-1}||^2 by a known amount (public parameters
@@ -23,7 +25,9 @@ Two estimators, chosen by `ali-mu-estimator`:
   model w and at the client's result w^i. Clients compute the gradient
   difference norm without noise (client/updates/ali_paper.py): that is a
   data-dependent release outside the DP accounting, so it leaks; a warning is
-  logged on both sides.
+  logged on both sides, and the DP-SGD ledger entries carry that as an
+  `assumption` (common/privacy/plan.py), so the reported epsilon is marked
+  NOT A GUARANTEE.
 """
 
 from __future__ import annotations

@@ -161,6 +161,11 @@ THM62_ASSUMPTION = ("Upcycled-FL Thm 6.2's sensitivity tau/|D_i| (the clipped mo
                     "per-record terms; clipping does not enforce it: output-sensitivity = 'ball' does)")
 THM63_ASSUMPTION = ("Upcycled-FL Thm 6.3's conditions (a binary GLM loss with ||x|| <= 1, |l'| <= u1, |l''| <= u2, "
                     "the exact minimiser), which privfed does not verify on the data or the training")
+FEDLAP_LABELS_ASSUMPTION = ("FedLAP-DP's public label sets (the paper's assumption: the server knows each client's "
+                            "classes); the classes a client holds are released with its synthetic set, outside this "
+                            "accounting")
+ALI_PAPER_MU_ASSUMPTION = ("that the ALI-DPFL paper mu estimator's releases are public: each client's gradient-"
+                           "difference norm, computed without clipping or noise, is released outside this accounting")
 
 
 def output_perturbation_sensitivity(clip_norm: float, dataset_size: int, rule: str = "paper") -> tuple[float, str]:

@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Mapping
 
-from common.privacy.events import (LedgerEntry, dpsgd_steps, objective_perturbation_release,
-                                   output_perturbation_release)
+from common.privacy.events import (ALI_PAPER_MU_ASSUMPTION, FEDLAP_LABELS_ASSUMPTION, LedgerEntry, dpsgd_steps,
+                                   objective_perturbation_release, output_perturbation_release)
 
 
 def local_steps(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> int:
@@ -73,13 +73,23 @@ def planned_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],
     if config["privacy"] in ("output", "objective"):
         return upcycled_private_entries(config, instruction, dataset_size)
     if config["privacy"] == "dpsgd" and config["strategy"] == "fedlap":
-        return [dpsgd_steps(float(config["dp-sample-rate"]), float(config["dp-noise-multiplier"]),
-                            fedlap_accesses(config), round=int(instruction["server-round"]),
-                            mechanism="fedlap-dp")]
+        # S_k's labels are ipc copies of every class in the client's data (client/updates/fedlap.py
+        # initial_set): released as they are, covered only under the paper's public-label-set assumption.
+        return [_assuming(dpsgd_steps(float(config["dp-sample-rate"]), float(config["dp-noise-multiplier"]),
+                                      fedlap_accesses(config), round=int(instruction["server-round"]),
+                                      mechanism="fedlap-dp"), FEDLAP_LABELS_ASSUMPTION)]
     if config["privacy"] == "dpsgd":
-        return [dpsgd_steps(float(config["dp-sample-rate"]), float(config["dp-noise-multiplier"]),
-                            local_steps(config, instruction), round=int(instruction["server-round"]))]
+        entry = dpsgd_steps(float(config["dp-sample-rate"]), float(config["dp-noise-multiplier"]),
+                            local_steps(config, instruction), round=int(instruction["server-round"]))
+        if config["strategy"] == "ali-dpfl" and config["ali-mu-estimator"] == "paper":
+            entry = _assuming(entry, ALI_PAPER_MU_ASSUMPTION)  # client/updates/ali_paper.py: a noise-free norm
+        return [entry]
     raise ValueError(f"no privacy plan for mechanism {config['privacy']!r}")
+
+
+def _assuming(entry: LedgerEntry, assumption: str) -> LedgerEntry:
+    """`entry` with an unenforced condition of its bound (events.py: reports print it as NOT A GUARANTEE)."""
+    return LedgerEntry(entry.kind, {**entry.params, "assumption": assumption}, entry.round, entry.meta)
 
 
 # Upcycled-FL private variants ----------------------------------------------------
