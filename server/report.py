@@ -55,6 +55,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from common.config import ConfigError, validate
+from common.durable import write_atomically
 
 APP_DIR = Path(__file__).resolve().parents[1]
 PRESETS_DIR = APP_DIR / "presets"
@@ -460,6 +461,13 @@ class CellResult:
         return None if self.mean is None or self.cell.paper is None else self.mean - self.cell.paper
 
 
+def mean_difference(a: float, b: float) -> float:
+    """a - b for two means over seeds, rounded to 1e-9: equal totals of correct predictions can differ by
+    float summation error (~1e-14), while one test sample is 100/n points (0.01 for n = 10,000), so a tie
+    reads 0 and a claim "a >= b" holds on it."""
+    return round(a - b, 9) + 0.0  # + 0.0: -0.0 prints as "-0.00"
+
+
 def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
     """Every cell's finished runs under `suite_dir` (a folder of one of the cell's seeds whose config is
     the cell's: a seed dropped from the suite leaves the report, a `--seeds N` check keeps the others)."""
@@ -475,7 +483,11 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
             seed = int(run_dir.name[1:])
             if seed not in cell.seeds or not run_is_finished(run_dir, cell, seed):
                 continue
-            rows = read_rows(run_dir)
+            try:
+                rows = read_rows(run_dir)
+            except (OSError, ValueError) as err:  # cut mid-line (a copy, a full disk): not a finished run
+                res.notes.append(f"seed {seed}: unreadable metrics.jsonl ({err}); not counted")
+                continue
             summary = json.loads((run_dir / "summary.json").read_text())
             value, note = metric.fn(rows, summary, suite.metric_param)
             res.values.append(value * suite.scale)
@@ -675,7 +687,8 @@ def write_timing(suite_dir: Path, wall_seconds: float, executed: int, skipped: i
     history = read_timing(suite_dir)
     history.append({"wall_seconds": wall_seconds, "executed": executed, "skipped": skipped, "failed": failed,
                     "jobs": jobs, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    path.write_text(json.dumps({"invocations": history}, indent=2) + "\n")
+    text = json.dumps({"invocations": history}, indent=2) + "\n"
+    write_atomically(path, lambda fh: fh.write(text.encode()))  # a full disk keeps the earlier history
     return path
 
 

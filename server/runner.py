@@ -20,7 +20,7 @@ from common.data.provenance import differing
 from common.evaluation import evaluate, pick_device
 from common.models import build_model
 from common.records import arrays_nbytes, load_arrays, model_to_arrays
-from client.privacy import BUDGET_EXHAUSTED
+from client.privacy import BUDGET_EXHAUSTED, ledger_path
 from common.privacy.plan import planned_entries
 from common.records import CONFIG
 from server.checkpoint import Checkpointer
@@ -60,6 +60,13 @@ def spent_text(row: dict, digits: int) -> str:
 def finite_text(value: float | None, digits: int) -> str:
     """A row's number; results files hold a NaN or infinite loss (a diverged model) as null."""
     return f"{value:.{digits}f}" if value is not None and math.isfinite(value) else "not finite"
+
+
+def node_state_folder(config: RunConfig, grid: Grid) -> str:
+    """The folder, in each node's state-dir, of this run's client ledgers (`ledger_path`): recorded in
+    summary.json, it ties a finished run to its own ledgers (node-state holds every run's)."""
+    run = grid.run  # Flower's grids: a Run; the in-process grid: its run id
+    return ledger_path(config, {}, int(getattr(run, "run_id", run)), 0).parent.name
 
 
 def extra_train_metrics(metrics) -> dict:
@@ -257,6 +264,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         "rounds": final["round"], "planned_rounds": num_rounds, "wall_seconds": time.perf_counter() - started,
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
         "privacy": mirror.summary(), "data_files": federation.meta.get("files", []),
+        "node_state": node_state_folder(config, grid),
     }
     if mirror.enabled:
         writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")

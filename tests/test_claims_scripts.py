@@ -181,10 +181,13 @@ def test_check_ledgers_reports_a_cell_without_a_finished_run(tmp_path):
             for seed in cell.seeds:
                 run = suite_dir / cell.folder / f"s{seed}"
                 run.mkdir(parents=True)
-                (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, seed)}))
-                ledger = PrivacyLedger(owner="partition-0")
-                ledger.record(*[dpsgd_steps(0.015, 1.1, 2, round=r) for r in range(1, 158)])  # 314 steps
-                ledger.save(suite_dir / cell.folder / "node-state" / f"run-{seed}" / "partition-0.ledger.json")
+                (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, seed),
+                                                              "node_state": f"run-{seed}"}))
+                for partition in range(int(expected_config(cell, seed)["num-clients"])):
+                    ledger = PrivacyLedger(owner=f"partition-{partition}")
+                    ledger.record(*[dpsgd_steps(0.015, 1.1, 2, round=r) for r in range(1, 158)])  # 314 steps
+                    ledger.save(suite_dir / cell.folder / "node-state" / f"run-{seed}"
+                                / f"partition-{partition}.ledger.json")
         elif cell.row == "ALI-DPFL":
             run = suite_dir / cell.folder / "s1"
             run.mkdir(parents=True)

@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import validate  # noqa: E402
 from common.privacy.ali import iteration_budget  # noqa: E402
-from server.report import load_suite, results_by_cell  # noqa: E402
+from server.report import load_suite, mean_difference, results_by_cell  # noqa: E402
 
 ALI_ROW = "ALI-DPFL"
 PAPER_TOLERANCE = 1.5  # points, ali-table2 only
@@ -62,11 +62,12 @@ def main() -> int:
                                                              for r in short) or "no ALI-DPFL or fixed-tau cell"))
             continue
         best = max(fixed, key=lambda r: r.mean)
+        diff = mean_difference(ali.mean, best.mean)
         line = (f"  {column:<24} R_s {rs:>3} R_c {rc:>3}  ALI-DPFL {ali.mean:6.2f}  best fixed {best.cell.row:<6} "
-                f"{best.mean:6.2f}  {ali.mean - best.mean:+6.2f}")
+                f"{best.mean:6.2f}  {diff:+6.2f}")
         if claimed:
-            best_holds += ali.mean >= best.mean
-            line += "  holds" if ali.mean >= best.mean else "  MISS"
+            best_holds += diff >= 0
+            line += "  holds" if diff >= 0 else "  MISS"
         else:
             line += "  (R_s >= R_c: not claimed)"
         if against_paper and ali.diff is not None:

@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from server.report import load_suite, results_by_cell  # noqa: E402
+from server.report import load_suite, mean_difference, results_by_cell  # noqa: E402
 
 PAPER_TOLERANCE = 2.0  # points, for vanilla FedAvg and FedProx
 CHECKED_AGAINST_PAPER = ("FedAvg", "FedProx")
@@ -61,9 +61,10 @@ def main() -> int:
                 incomplete += 1
                 print(f"  {column:<14} {base:<9} INCOMPLETE ({seeds_note(van, upc) or 'no cells'})")
                 continue
-            holds += upc.mean >= van.mean
-            mark = "holds" if upc.mean >= van.mean else "MISS"
-            print(f"  {column:<14} {base:<9} {van.mean:6.2f} -> {upc.mean:6.2f}  {upc.mean - van.mean:+6.2f} "
+            diff = mean_difference(upc.mean, van.mean)
+            holds += diff >= 0
+            mark = "holds" if diff >= 0 else "MISS"
+            print(f"  {column:<14} {base:<9} {van.mean:6.2f} -> {upc.mean:6.2f}  {diff:+6.2f} "
                   f"({paired_wins(van, upc)} seeds)  {mark}")
     print(f"Upcycled >= vanilla: {holds} of {pairs} pairs" + (f" ({incomplete} incomplete)" if incomplete else ""))
 

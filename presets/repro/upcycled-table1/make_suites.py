@@ -13,12 +13,16 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # presets/repro: the shared TOML helper
 from suite_toml import RUN_SEED_NOISE, inline, override_line, toml_value  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: server.report
+from server.report import SNAPSHOT_FILE, collect, read_snapshot  # noqa: E402
 
 REPRO = Path(__file__).resolve().parents[1]
 
@@ -310,10 +314,24 @@ def theta_search_suite(search: dict) -> str:
     return search_suite("upcycled-search-theta", "stage 2: theta of the Upcycled runs", cells)
 
 
-def _scores(report_csv: Path) -> dict[tuple[str, str], float]:
-    """(row, column) -> mean final accuracy (%) from a search suite's report.csv."""
-    with report_csv.open() as fh:
-        return {(r["row"], r["column"]): float(r["ours_mean"]) for r in csv.DictReader(fh) if r["ours_mean"]}
+def theta_searched_at(key: str, column: str, search: dict) -> dict[str, float]:
+    """The local hyperparameters stage 2 searches theta at: a base's stage-1 choice, a mechanism's lr."""
+    if key in ("output", "objective"):
+        return {"lr": private_cells(column)[key][1]["lr"]}
+    return chosen_local(key, column, search)[0]
+
+
+def _scores(suite_dir: Path) -> dict[tuple[str, str], tuple[float, dict | None]]:
+    """(row, column) -> (final accuracy (%) of the SEARCH_SEED run, the cell's run config). From the runs
+    that suite.json names: a `--seeds N` run holds other seeds too, and the choice is the search seed's.
+    Without suite.json, report.csv's cells of one seed (a mean over more is not a search result)."""
+    if (suite_dir / SNAPSHOT_FILE).is_file():
+        return {(r.cell.row, r.cell.column): (value, r.cell.overrides)
+                for r in collect(read_snapshot(suite_dir), suite_dir)
+                for seed, value in zip(r.seeds, r.values) if seed == SEARCH_SEED and math.isfinite(value)}
+    with (suite_dir / "report.csv").open() as fh:
+        return {(r["row"], r["column"]): (float(r["ours_mean"]), None) for r in csv.DictReader(fh)
+                if r["ours_mean"] and r["n_seeds"] == "1"}
 
 
 def _pick(grid: dict[str, tuple[Any, float]]) -> dict:
@@ -323,30 +341,49 @@ def _pick(grid: dict[str, tuple[Any, float]]) -> dict:
     return {"choice": grid[best][0], "accuracy": {label: round(a, 2) for label, (_, a) in grid.items()}}
 
 
-def _record(search: dict, stage: str, key: str, column: str, grid: dict[str, tuple[Any, float | None]]) -> None:
-    if all(accuracy is not None for _, accuracy in grid.values()):  # an unfinished grid is not recorded
-        search[stage][search_key(key, column)] = _pick(grid)
+def _unrecordable(grid: dict[str, tuple[Any, tuple[float, dict | None] | None]], at: dict | None) -> list[str]:
+    """Why a grid's choice cannot be recorded: points without a search-seed result, or (theta; `at`: the
+    local hyperparameters it must have run at) points that suite.json does not show run at `at`."""
+    missing = [label for label, (_, score) in grid.items() if score is None]
+    elsewhere = [label for label, (_, score) in grid.items()
+                 if at and score and (score[1] is None or any(score[1].get(k) != v for k, v in at.items()))]
+    return ([f"no seed-{SEARCH_SEED} result at {', '.join(missing)}"] if missing else []) + \
+        ([f"{', '.join(elsewhere)} not run at {point_label(at)} (by suite.json)"] if elsewhere else [])
+
+
+def _record(search: dict, stage: str, key: str, column: str,
+            grid: dict[str, tuple[Any, tuple[float, dict | None] | None]], at: dict | None = None) -> None:
+    """Record the grid's choice (grid: label -> (value, `_scores` entry)), theta's with `at`; else say why
+    not: search.json would keep an earlier choice without a word."""
+    name = search_key(key, column)
+    if why := _unrecordable(grid, at):
+        kept = " (search.json keeps its earlier choice)" if name in search[stage] else ""
+        print(f"not recorded: {stage} {name}: {'; '.join(why)}{kept}")
+        return
+    search[stage][name] = {**_pick({label: (value, score[0]) for label, (value, score) in grid.items()}),
+                           **({"at": at} if at else {})}
 
 
 def select(results: Path) -> dict:
     """Read the finished search suites under `results` and record the choices in search.json."""
     search = recorded_search()
-    lr_csv = results / "upcycled-search-lr" / "report.csv"
-    if lr_csv.is_file():
-        scores = _scores(lr_csv)
+    lr_dir = results / "upcycled-search-lr"
+    if (lr_dir / "report.csv").is_file():
+        scores = _scores(lr_dir)
         for column in PAPER_COLUMN_ORDER:
             for row, strategy in BASES.items():
                 _record(search, "local", strategy, column, {
                     point_label(p): (p, scores.get((f"{row} {point_label(p)}", column))) for p in local_grid(strategy)})
-    theta_csv = results / "upcycled-search-theta" / "report.csv"
-    if theta_csv.is_file():
-        scores = _scores(theta_csv)
+    theta_dir = results / "upcycled-search-theta"
+    if (theta_dir / "report.csv").is_file():
+        scores = _scores(theta_dir)
         labels = [(f"Upc-{row}", strategy) for row, strategy in BASES.items()] + [(m, m) for m in
                                                                                     ("output", "objective")]
         for column in PAPER_COLUMN_ORDER:
-            for label, key in labels:
+            for label, key in labels:  # theta at stage 1's choice, as recorded now
                 _record(search, "theta", key, column, {
-                    f"{t:g}": (t, scores.get((f"{label} theta={t:g}", column))) for t in THETA_GRID})
+                    f"{t:g}": (t, scores.get((f"{label} theta={t:g}", column))) for t in THETA_GRID},
+                        theta_searched_at(key, column, search))
     search["seed"] = SEARCH_SEED
     SEARCH_FILE.write_text(json.dumps(search, indent=1, sort_keys=True) + "\n")
     print(f"wrote {SEARCH_FILE}")
@@ -356,7 +393,8 @@ def select(results: Path) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--select", type=Path, metavar="RESULTS",
-                        help="record the search choices from RESULTS/upcycled-search-*/report.csv first")
+                        help=f"record the search choices from the seed-{SEARCH_SEED} runs under "
+                             "RESULTS/upcycled-search-* (their suite.json; else report.csv) first")
     args = parser.parse_args()
     search = select(args.select) if args.select else recorded_search()
     out = {

@@ -10,30 +10,27 @@ with-minus-without difference of the means at every epsilon (the paper's claim
 is that it is positive everywhere: over the suite's planned eps columns, so an epsilon
 whose arm has no run or fewer seeds than planned, from suite.json or else the most
 seeds in report.csv, makes the verdict "incomplete") and, per epsilon, on how many seeds the run
-with SA beat / tied the run without (same seed: same devices, selection,
-batches and standard-normal noise draws, only sigma differs).
+with SA beat / tied the run without (over suite.json's finished seeds of the cell, as the means; same
+seed: same devices, selection, batches and standard-normal noise draws, only sigma differs).
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root: server.report
-from server.report import read_snapshot, slug  # noqa: E402
+from server.report import collect, read_snapshot  # noqa: E402
 
 
-def seed_accuracies(folder: Path, row: str, column: str) -> dict[str, float]:
-    """seed folder name -> final accuracy (%) of every finished run of one cell."""
-    return {f.parent.name: 100 * json.loads(f.read_text())["final"]["accuracy"]
-            for f in (folder / f"{slug(row)}__{slug(column)}").glob("s*/summary.json")}
-
-
-def paired(folder: Path, row_with: str, row_without: str, column: str) -> str:
-    a, b = seed_accuracies(folder, row_with, column), seed_accuracies(folder, row_without, column)
+def paired(with_sa, without) -> str:
+    """On how many seeds the run with SA beat / tied the run without: the cells' finished seeds, as in
+    report.csv's means (collect: the snapshot's seeds, `run_is_finished`)."""
+    if with_sa is None or without is None:
+        return "seeds unknown: no suite.json"
+    a, b = dict(zip(with_sa.seeds, with_sa.values)), dict(zip(without.seeds, without.values))
     seeds = sorted(set(a) & set(b))
     wins, ties = sum(a[s] > b[s] for s in seeds), sum(a[s] == b[s] for s in seeds)
     return f"{wins}/{len(seeds)} seeds" + (f" ({ties} tied)" if ties else "")
@@ -80,8 +77,10 @@ def main() -> int:
     out.parent.mkdir(exist_ok=True)
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
+    results = {}  # (row, column) -> CellResult, for the per-seed comparison
     if (folder / "suite.json").is_file():
-        planned = {(c.row, c.column): len(c.seeds) for c in read_snapshot(folder).cells}
+        results = {(r.cell.row, r.cell.column): r for r in collect(read_snapshot(folder), folder)}
+        planned = {cell: len(r.cell.seeds) for cell, r in results.items()}
     else:
         planned = dict.fromkeys(seeds, max(seeds.values(), default=0))
     for row in dict.fromkeys(r for r, _ in planned):
@@ -94,8 +93,8 @@ def main() -> int:
         short = [c for c in columns if any((r, c) not in planned or seeds.get((r, c), 0) < planned[r, c]
                                            for r in (row, row_without))]
         diffs = {c: with_sa[c][0] - without[c][0] for c in columns if c in with_sa and c in without}
-        line = ", ".join(f"{c}: {diffs[c]:+.2f} [{paired(folder, row, row_without, c)}]" if c in diffs else
-                         f"{c}: incomplete" for c in columns)
+        line = ", ".join(f"{c}: {diffs[c]:+.2f} [{paired(results.get((row, c)), results.get((row_without, c)))}]"
+                         if c in diffs else f"{c}: incomplete" for c in columns)
         if short:
             verdict = f"incomplete ({', '.join(short)} short of runs or seeds): not established"
         else:
