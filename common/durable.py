@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
@@ -48,19 +49,33 @@ def fsync_dir(folder: Path) -> None:
 
 
 def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> os.stat_result:
-    """Replace `path` by what `write(fh)` writes; returns the new file's stat (os.replace keeps the inode)."""
+    """Replace `path` by what `write(fh)` writes; returns the new file's stat (os.replace keeps the inode).
+    The file keeps the old one's permissions, or gets those `open()` would give a new file (mkstemp's
+    0600 would hide results and ledgers from the other users or containers that read them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with naming(path):
+        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            os.fchmod(fd, mode)
             with os.fdopen(fd, "wb") as fh:
                 write(fh)
                 fh.flush()
                 os.fsync(fh.fileno())
-                stat = os.fstat(fh.fileno())
+                written = os.fstat(fh.fileno())
             os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
         fsync_dir(path.parent)
-    return stat
+    return written
+
+
+def _umask() -> int:
+    try:  # Linux: read it without changing it (os.umask sets it, racing other threads' file creation)
+        return next(int(line.split()[1], 8) for line in Path("/proc/self/status").read_text().splitlines()
+                    if line.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
