@@ -88,7 +88,8 @@ def save_checkpoint(path: Path, state: Mapping[str, Any]) -> Path:
     arrays: dict[str, np.ndarray] = {}
     meta = _flatten(dict(state), "", arrays)
     meta_bytes = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)
-    write_atomically(path, lambda fh: np.savez(fh, __meta__=meta_bytes, **{f"a{k}": v for k, v in arrays.items()}))
+    write_atomically(path, lambda fh: np.savez(fh, __meta__=meta_bytes, **{f"a{k}": v for k, v in arrays.items()}),
+                     private=True)
     return path
 
 

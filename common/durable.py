@@ -48,16 +48,17 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> os.stat_result:
+def write_atomically(path: Path, write: Callable[[BinaryIO], object], private: bool = False) -> os.stat_result:
     """Replace `path` by what `write(fh)` writes; returns the new file's stat (os.replace keeps the inode).
-    The file keeps the old one's permissions, or gets those `open()` would give a new file (mkstemp's
-    0600 would hide results and ledgers from the other users or containers that read them)."""
+    `private`: owner-only (0600: checkpoints and node state hold non-private functions of client data).
+    Otherwise the file keeps the old one's permissions, or gets those `open()` would give a new file
+    (mkstemp's 0600 would hide results from the other users or containers that read them)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with naming(path):
-        mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            os.fchmod(fd, mode)
+            if not private:
+                _chmod_like_open(fd, path)
             with os.fdopen(fd, "wb") as fh:
                 write(fh)
                 fh.flush()
@@ -69,6 +70,14 @@ def write_atomically(path: Path, write: Callable[[BinaryIO], object]) -> os.stat
             raise
         fsync_dir(path.parent)
     return written
+
+
+def _chmod_like_open(fd: int, path: Path) -> None:
+    mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~_umask()
+    try:
+        os.fchmod(fd, mode)
+    except OSError:  # a file system that refuses chmod (a CIFS or vfat share): its own modes apply
+        pass
 
 
 def _umask() -> int:

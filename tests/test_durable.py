@@ -51,3 +51,12 @@ def test_a_directory_fsync_ignores_only_what_the_platform_cannot_do(tmp_path, mo
             durable.fsync_dir(tmp_path)
     else:
         durable.fsync_dir(tmp_path)
+
+
+def test_checkpoints_and_ledgers_stay_owner_only(tmp_path):
+    from common.checkpoint_file import save_checkpoint
+    from common.privacy.ledger import PrivacyLedger
+
+    save_checkpoint(tmp_path / "r.ckpt.npz", {"round": 1})
+    ledger = PrivacyLedger.open(tmp_path / "p.ledger.json", owner="p")
+    assert mode(tmp_path / "r.ckpt.npz") == mode(ledger.path) == 0o600  # node state: functions of client data

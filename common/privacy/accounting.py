@@ -288,9 +288,12 @@ def _pld_steps_epsilon(sample_rate: float, noise_multiplier: float, delta: float
     `dpsgd_event(q, sigma, steps)` (tests/test_privacy_accounting.py), with the one-step distribution built
     once: building it is 60% of a probe's time, and a search probes several step counts."""
     interval = pld_interval(dpsgd_event(sample_rate, noise_multiplier, 1))
-    one_step = privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=noise_multiplier, value_discretization_interval=interval, sampling_prob=sample_rate,
-        neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    try:
+        one_step = privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=noise_multiplier, value_discretization_interval=interval, sampling_prob=sample_rate,
+            neighboring_relation=dpa.NeighboringRelation.ADD_OR_REMOVE_ONE)
+    except ArithmeticError:  # as `epsilon` does: no finite bound where dp-accounting's arithmetic overflows
+        return lambda steps: 0.0 if steps <= 0 else math.inf
 
     def eps(steps: float) -> float:
         if steps <= 0:
@@ -355,8 +358,8 @@ def largest_within(eps: Callable[[int], float], target: float, guess: int | None
         if bracket.hi is None:
             bracket.probe(bracket.grown())
             continue
-        k = bracket.secant() if math.isfinite(bracket.e_hi) else bracket.hi  # no line through an overflow
-        if not k - bracket.lo < steps[0] / 2:  # Brent's safeguard
+        k = bracket.secant() if math.isfinite(bracket.e_hi) else None  # no line through an overflow
+        if k is None or not k - bracket.lo < steps[0] / 2:  # Brent's safeguard
             k = (bracket.lo + bracket.hi) // 2
         steps = [steps[1], k - bracket.lo]
         bracket.probe(k)

@@ -576,7 +576,7 @@ def _write_new(target: Path, owner: str, entries: Sequence[LedgerEntry]) -> _Pos
     """Write a version-2 file whole, atomically."""
     data = _line({"format": FORMAT, "version": VERSION, "owner": owner}) + b"".join(
         _line(e.to_json()) for e in entries)
-    st = write_atomically(target, lambda f: f.write(data))
+    st = write_atomically(target, lambda f: f.write(data), private=True)  # node state, 0600 as before
     return _Pos(st.st_dev, st.st_ino, len(data))
 
 
