@@ -1,7 +1,6 @@
-"""Review of session 15's own changes (git diff f3374d1..HEAD): R_c search, durable writes.
-
-Each test asserts the behaviour the code had before the change (or the one its docstring states) and
-fails on the current code."""
+"""Regressions found by the review of session 15's own changes (the R_c search, durable writes, the
+global-RNG block): each test asserts the behaviour the code had before those changes, or the one its
+docstring states."""
 
 from __future__ import annotations
 
