@@ -489,6 +489,8 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
                 res.notes.append(f"seed {seed}: unreadable metrics.jsonl ({err}); not counted")
                 continue
             summary = json.loads((run_dir / "summary.json").read_text())
+            if summary.get("failed_replies"):  # counted, and said: not quite the planned experiment
+                res.notes.append(f"seed {seed}: {summary['failed_replies']} train replies failed or timed out")
             value, note = metric.fn(rows, summary, suite.metric_param)
             res.values.append(value * suite.scale)
             res.seeds.append(seed)

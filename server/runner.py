@@ -128,6 +128,13 @@ def in_sent_order(messages: list[Message], replies: Iterable[Message]) -> list[M
     return sorted(replies, key=lambda r: position.get(r.metadata.src_node_id, len(position)))
 
 
+def failed_replies(messages: list[Message], replies: list[Message]) -> int:
+    """Train instructions answered by an error other than a budget refusal, or not at all by the timeout:
+    a run with any is not quite the planned experiment, and its report says so (summary `failed_replies`)."""
+    errors = sum(1 for r in replies if r.has_error() and r.error.code != BUDGET_EXHAUSTED)
+    return errors + max(0, len(messages) - len(replies))
+
+
 def instructed(grid: Grid, metered: MeteredGrid) -> set[int] | None:
     """The nodes the round's train instructions reached (None: all). Secure aggregation sends none to a
     node it leaves out (not enrolled, excluded) and none at all when too few nodes are usable."""
@@ -233,7 +240,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         row = {
             "round": server_round, "accuracy": accuracy, "loss": loss,
             "seconds": time.perf_counter() - t0, "bytes_up": metered.bytes_up, "bytes_down": metered.bytes_down,
-            "clients": metered.messages_down,
+            "clients": metered.messages_down, "failed": failed_replies(messages, replies),
             "train_loss": None if train_metrics is None else train_metrics.get("train-loss"),
             **extra_train_metrics(train_metrics),
             **mirror.round_metrics(),
@@ -245,7 +252,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         if grid_for_strategy is not metered and metered.messages_down:  # count clients, not protocol messages
             report = grid_for_strategy.report
             row.update(clients=len(report.selected), secagg_survivors=len(report.survivors),
-                       secagg_round_trips=report.round_trips)
+                       secagg_round_trips=report.round_trips, failed=len(report.selected) - len(report.survivors))
         writer.add_round(row)
         spent = f"  epsilon {spent_text(row, 3)} (delta {row['delta']:g})" if "epsilon_max" in row else ""
         console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
@@ -265,6 +272,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
         "privacy": mirror.summary(), "data_files": federation.meta.get("files", []),
         "node_state": node_state_folder(config, grid),
+        "failed_replies": sum(int(row.get("failed", 0)) for row in writer.rows),
     }
     if mirror.enabled:
         writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")

@@ -225,3 +225,31 @@ def test_bytes_up_counts_what_arrived_not_the_shape_a_reply_declares(tmp_path):
     # what arrived: the liar's arrays count with their .npy headers (at most 128 bytes each, 2 arrays)
     assert honest[0]["bytes_up"] <= lied[0]["bytes_up"] <= honest[0]["bytes_up"] + 2 * 128, \
         (lied[0]["bytes_up"], honest[0]["bytes_up"])
+
+
+def test_failed_and_missing_train_replies_are_counted_per_round_and_in_the_summary(tmp_path):
+    """A run some of whose replies failed still updates the model, but it is not quite the planned experiment:
+    each row counts the failed or missing train replies, summary.json totals them, and a suite report says so."""
+    from flwr.app import Error
+
+    from server.report import Cell, Suite, collect
+
+    def edit(messages, replies):
+        round_ = int(messages[0].content["config"]["server-round"])
+        if round_ == 2:  # one error, one reply lost to the timeout
+            first = Message(Error(code=0, reason="boom"), reply_to=messages[0])
+            return [first, *replies[1:2]]
+        return replies
+
+    results, rows, _, _ = run(tmp_path, edit, **{"num-rounds": 3})
+    assert [row["failed"] for row in rows] == [0, 2, 0]
+    summary = json.loads((results / "summary.json").read_text())
+    assert summary["failed_replies"] == 2
+    suite_dir = tmp_path / "suite"
+    cell = Cell(row="FedAvg", column="Syn", overrides={**BASE, "num-rounds": 3, "state-dir": str(tmp_path / "state")},
+                seeds=(3,))
+    (suite_dir / cell.folder).mkdir(parents=True)
+    results.rename(suite_dir / cell.folder / "s3")
+    suite = Suite(name="x", description="", seeds=(3,), cells=(cell,), rows=("FedAvg",), columns=("Syn",))
+    [result] = collect(suite, suite_dir)
+    assert any("2 train replies failed" in note for note in result.notes)
