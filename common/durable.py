@@ -1,8 +1,8 @@
 """Durable writes: a file privfed writes lands whole or not at all, and a write that fails names its file.
 
-- `write_atomically(path, write)`: a temp file in the same folder, `write(fh)`, fsync, `os.replace`,
-  then the folder's fsync. On any failure the temp file is removed and the previous file, if any, is
-  untouched: a full disk never leaves a cut checkpoint, ledger or summary.json behind.
+- `write_atomically(path, write, private)`: a temp file in the same folder, `write(fh)`, fsync,
+  `os.replace`, then the folder's fsync. On any failure the temp file is removed and the previous file,
+  if any, is untouched: a full disk never leaves a cut checkpoint, ledger or summary.json behind.
 - `fsync_dir(folder)`: makes a rename or a creation in `folder` durable. Only "this platform or file
   system cannot" errors are ignored; an I/O error is raised, since a lost directory entry loses the
   whole file (a ledger's later appends are fsynced in place, into the lost file).
