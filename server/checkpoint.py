@@ -16,7 +16,7 @@ is in an append-only journal beside it, `<run-name>.journal.jsonl`: before the
 npz is written, each save appends (one write, fsync) one line
 `{"round": r, "rows": [...], "mirror": {"<partition>": [entry, ...]}}` with the
 rows and mirror entries recorded since the previous line (the mirror's
-`take_pending`), so a save costs O(this round) however long the run. The npz
+`pending`), so a save costs O(this round) however long the run. The npz
 records the journal's length after that line and a chained SHA-256 digest,
 h_r = sha256(h_{r-1} || line_r). A resume reads exactly that many bytes,
 checks the digest and rebuilds the rows and the mirror from the lines; a line
@@ -414,8 +414,9 @@ class Checkpointer:
         """One line: the rows and mirror entries since the last one (so a save costs O(this round))."""
         line = journal_line({"round": server_round, "rows": writer.rows[self._journal.rows:],
                              "mirror": {str(p): [e.to_json() for e in entries]
-                                        for p, entries in mirror.take_pending().items()}})
+                                        for p, entries in mirror.pending().items()}})
         end = append_journal(self.journal_path, self._journal.end, line)
+        mirror.journaled()  # only now: a failed append leaves them pending for the next save
         self._journal = _Journal(end, chain(self._journal.digest, line), len(writer.rows))
 
 

@@ -8,7 +8,7 @@ so the reported epsilon is an upper bound computed by an accountant call on
 the events that happened, never a running sum.
 
 With `checkpoint = true` the checkpointer journals the entries recorded since
-its last save (`take_pending`), and a resume puts journaled ones back without
+its last save (`pending`, `journaled`), and a resume puts journaled ones back without
 making them pending again (`restore`).
 """
 
@@ -28,7 +28,7 @@ class PrivacyMirror:
         self.enabled = is_private(config)
         self.noise_seed = str(config["dp-noise-seed"])  # 'run-seed': whoever knows the config can undo the noise
         self.ledgers = {p: PrivacyLedger(owner=f"partition-{p}") for p in partitions}
-        # recorded since the last take_pending; only a checkpointed run journals them
+        # recorded since the last journaled(); only a checkpointed run journals them
         self._pending: dict[int, list[LedgerEntry]] | None = {} if config.get("checkpoint") else None
 
     def record(self, partition: int, entries: list[LedgerEntry]) -> None:
@@ -37,12 +37,14 @@ class PrivacyMirror:
             if self._pending is not None:
                 self._pending.setdefault(partition, []).extend(entries)
 
-    def take_pending(self) -> dict[int, list[LedgerEntry]]:
-        """The entries recorded since the last call, per partition: what a checkpoint save journals."""
-        pending = self._pending or {}
+    def pending(self) -> dict[int, list[LedgerEntry]]:
+        """The entries recorded since the last `journaled()`, per partition: what a checkpoint save journals."""
+        return {p: list(entries) for p, entries in (self._pending or {}).items()}
+
+    def journaled(self) -> None:
+        """The pending entries are in the journal now (called only once the append landed)."""
         if self._pending is not None:
             self._pending = {}
-        return pending
 
     def restore(self, entries: Mapping[int, Sequence[LedgerEntry]]) -> None:
         """Record entries a checkpoint journal holds already (so they are not pending)."""

@@ -164,3 +164,24 @@ def test_a_version_2_checkpoint_resumes_and_starts_the_journal(tmp_path):
     assert [r["round"] for r in third[2].rows] == [1, 2, 3, 4]
     assert third[2].rows == again[2].rows and third[1].epsilons() == again[1].epsilons()
     assert all(len(third[1].ledgers[p]) == 4 for p in ROSTER.partitions)
+
+
+def test_a_failed_journal_append_keeps_the_mirror_entries_for_the_next_save(tmp_path, monkeypatch):
+    """A save whose journal append fails must not drop the round's mirror entries: a later save in the
+    same process journals them, and a resume from it counts every round."""
+    cfg = resumable(tmp_path)
+    checkpointer, (strategy, mirror, writer) = Checkpointer(cfg, lambda *_: None), parts(cfg)
+    play(checkpointer, strategy, mirror, writer, 1)
+    real = server.checkpoint.append_journal
+
+    def full(*args):
+        raise OSError(28, "No space left on device", str(checkpointer.journal_path))
+
+    monkeypatch.setattr(server.checkpoint, "append_journal", full)
+    with pytest.raises(OSError):
+        play(checkpointer, strategy, mirror, writer, 1, first=2)
+    monkeypatch.setattr(server.checkpoint, "append_journal", real)
+    play(checkpointer, strategy, mirror, writer, 1, first=3)
+    again = parts(cfg)
+    Checkpointer(cfg, lambda *_: None).resume(*again, MODEL)
+    assert again[1].epsilons() == mirror.epsilons()  # rounds 1-3 in both
