@@ -554,10 +554,13 @@ def render_markdown(suite: Suite, results: list[CellResult], plots: list[Path], 
         if r.cell.paper is not None:
             paper = f"{r.cell.paper:.{d}f}" + (f" ± {r.cell.paper_std:.{d}f}" if r.cell.paper_std is not None else "")
             text += f" ({paper})"
-        return text + (f" [n={r.n}]" if r.n and r.n != len(r.cell.seeds) else "")
+        return text + partial(r)
 
     def diff(r: CellResult) -> str:
-        return "—" if r.diff is None else f"{r.diff:+.{d}f}"
+        return ("—" if r.diff is None else f"{r.diff:+.{d}f}") + partial(r)
+
+    def partial(r: CellResult) -> str:  # a mean over fewer seeds than planned says so in every table
+        return f" [n={r.n}]" if r.n and r.n != len(r.cell.seeds) else ""
 
     finished = sum(len(r.values) for r in results)
     planned = sum(len(r.cell.seeds) for r in results)

@@ -196,3 +196,19 @@ def test_accuracy_at_epsilon_reads_a_null_epsilon_as_infinite(tmp_path):
             {"round": 3, "accuracy": 0.7, "epsilon_max": None}]
     value, note = METRICS["accuracy-at-epsilon"].fn(rows, {}, 1.0)
     assert math.isclose(value, 0.4) and note is None, (value, note)
+
+
+def test_the_difference_table_marks_a_mean_over_fewer_seeds_than_planned(tmp_path):
+    folder = tmp_path / "suites" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "suite.toml").write_text(SUITE)
+    suite = load_suite(str(folder))
+    cell = suite.cells[0]
+    suite_dir = tmp_path / "out" / suite.name
+    run = suite_dir / cell.folder / "s1"  # seed 2 never ran
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, 1)}))
+    (run / "metrics.jsonl").write_text(json.dumps({"round": 2, "accuracy": 0.79, "loss": 1.0}) + "\n")
+    md, _ = render_report(suite_dir, suite, plots=False)
+    difference = md.read_text().split("## Difference")[1]
+    assert "-1.00 [n=1]" in difference, difference
