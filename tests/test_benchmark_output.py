@@ -181,3 +181,23 @@ def test_iteration_budget_benchmark_checks_both_searches_agree_and_ends_with_jso
     assert result["benchmark"] == "iteration_budget"
     assert result["r_c"] == [accounting.max_steps(e, bench.DELTA, bench.Q, bench.SIGMA) for e in (1.55, 2.0)]
     assert sum(result["ours_probes"]) < sum(result["reference_probes"])
+
+
+def test_local_step_benchmark_times_autograd_as_its_reference(capsys, monkeypatch):
+    """The reference arm really runs autograd (and the by-hand arm does not), and the JSON line ends the output."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import local_step
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+    import torch
+
+    calls = []
+    real_grad = torch.autograd.grad
+    monkeypatch.setattr(torch.autograd, "grad", lambda *a, **k: calls.append(1) or real_grad(*a, **k))
+    assert local_step.main(["--epochs", "1", "--repeat", "1"]) == 0
+    assert len(calls) == 2 * 20  # the autograd arm of each loop: 640 / 32 steps; none from the by-hand arm
+    out = capsys.readouterr().out.strip().splitlines()
+    result = json.loads(out[-1])
+    assert result["benchmark"] == "local_step" and [r["loop"] for r in result["loops"]] == ["sgd", "corrected"]
+    assert any(line.startswith("sgd ") for line in out[:-1])

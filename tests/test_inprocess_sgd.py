@@ -26,7 +26,8 @@ def reference_train_sgd(model, x, y, *, epochs, batch_size, lr, momentum, genera
 
 
 MODELS = {
-    "logreg": lambda: nn.Sequential(nn.Flatten(), nn.Linear(20, 10)),
+    "logreg": lambda: nn.Sequential(nn.Flatten(), nn.Linear(20, 10)),  # kernels by hand: batch_gradient.py
+    "logreg-softmax": lambda: nn.Sequential(nn.Flatten(), nn.Linear(20, 10), nn.Softmax(dim=1)),
     "mlp": lambda: nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 10)),
 }
 

@@ -18,9 +18,9 @@ from contextvars import ContextVar
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
-from client.updates.sgd import momentum_step
+from client.updates.batch_gradient import batch_gradient
+from client.updates.sgd import sgd_step
 from common.privacy.plan import local_epochs
 from common.seeding import torch_generator
 
@@ -52,15 +52,16 @@ def train_corrected(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     named = dict(model.named_parameters())
     params = [named[name] for name in names]
+    weights = [p.data for p in params]  # the step writes outside autograd, as in client/updates/sgd.py
     buffers: list[torch.Tensor | None] | None = None
     losses: list[torch.Tensor] = []
     linear = linear_term.get()
+    gradient = batch_gradient(model, params, y)
     n = len(y)
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator)  # the same draw as `minibatches`
         for xb, yb in zip(x[order].split(batch_size), y[order].split(batch_size)):
-            loss = F.cross_entropy(model(xb), yb)
-            raw = torch.autograd.grad(loss, params, allow_unused=True)
+            loss, raw = gradient(xb, yb)
             with torch.no_grad():
                 grads = {name: (torch.zeros_like(p) if g is None else g) for name, p, g in zip(names, params, raw)}
                 if correction is not None:
@@ -70,8 +71,8 @@ def train_corrected(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *,
                         g.add_(linear[name])
                 if max_grad_norm > 0:
                     clip_by_total_norm(list(grads.values()), max_grad_norm)
-                buffers = momentum_step(params, [grads[name] for name in names], buffers, lr, momentum)
-            losses.append(loss.detach())
+                buffers = sgd_step(weights, [grads[name] for name in names], buffers, lr, momentum)
+            losses.append(loss)
     if not losses:
         return 0.0, 0
     return sum(torch.stack(losses).tolist()) / len(losses), len(losses)

@@ -15,9 +15,9 @@ momentum (as the authors' pFedMe optimizer); `lr` is the run's lr.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from flwr.app import MetricRecord, RecordDict
 
+from client.updates.batch_gradient import batch_gradient
 from client.updates.corrected import local_plan, parameters_copy
 from common.evaluation import evaluate
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, model_to_arrays
@@ -47,6 +47,7 @@ def pfedme_update(client, content, state):
     params = [named[name] for name in names]
     thetas = [p.data for p in params]  # written through .data views: outside autograd, no no_grad per step
     ws = [w_local[name] for name in names]
+    gradient = batch_gradient(model, params, client.y)
     epochs, generator = local_plan(client, instruction)
     batch_size = int(config["batch-size"])
     model.train()
@@ -56,10 +57,9 @@ def pfedme_update(client, content, state):
         order = torch.randperm(n, generator=generator)  # the same draw as `minibatches`
         for xb, yb in zip(client.x[order].split(batch_size), client.y[order].split(batch_size)):
             for _ in range(k):
-                loss = F.cross_entropy(model(xb), yb)
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
+                loss, grads = gradient(xb, yb)
                 personal_step(thetas, grads, ws, lr, lam, mu)
-                losses.append(loss.detach())
+                losses.append(loss)
             torch._foreach_lerp_(ws, thetas, lam * lr)  # w <- w - lambda lr (w - theta)
     train_loss = sum(torch.stack(losses).tolist()) / len(losses) if losses else 0.0
 

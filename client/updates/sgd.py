@@ -12,7 +12,9 @@ what costs, not arithmetic):
   bookkeeping (profiler ranges, param-group walks, `zero_grad`) that cost more
   than the step itself for a 210-weight model, and the first-use import of
   `torch._dynamo` that `Optimizer.__init__` triggers (~2 s once per process).
-- Gradients come from `torch.autograd.grad`, so nothing accumulates in `.grad`
+- Gradients come from `batch_gradient` (client/updates/batch_gradient.py:
+  logistic regression's kernels called directly, bit-identical to autograd;
+  `torch.autograd.grad` for other models), so nothing accumulates in `.grad`
   and there is nothing to zero.
 - Each epoch gathers its shuffled rows once (`x[order]`) and slices batches
   from that: the same batches, one indexing op per epoch instead of per step.
@@ -23,7 +25,8 @@ what costs, not arithmetic):
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from client.updates.batch_gradient import batch_gradient
 
 
 def minibatches(n: int, batch_size: int, generator: torch.Generator):
@@ -41,36 +44,41 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
     # no_grad context needs entering and leaving on each of the ~60k steps of a run.
     weights = [p.data for p in params]
     buffers: list[torch.Tensor] | None = None  # momentum buffers, created from the first gradients
+    gradient = batch_gradient(model, params, y)
     losses: list[torch.Tensor] = []
     n = len(y)
     for _ in range(epochs):
         order = torch.randperm(n, generator=generator)  # the same draw as `minibatches`
         for xb, yb in zip(x[order].split(batch_size), y[order].split(batch_size)):
-            loss = F.cross_entropy(model(xb), yb)
-            grads = torch.autograd.grad(loss, params, allow_unused=True)
-            if any(g is None for g in grads):
-                buffers = momentum_step(weights, grads, buffers, lr, momentum)
-            elif momentum == 0.0:
-                torch._foreach_add_(weights, grads, alpha=-lr)
-            else:
-                if buffers is None:
-                    buffers = [torch.clone(g).detach() for g in grads]  # torch.optim.SGD's first step
-                else:
-                    torch._foreach_mul_(buffers, momentum)
-                    torch._foreach_add_(buffers, grads)
-                torch._foreach_add_(weights, buffers, alpha=-lr)
-            losses.append(loss.detach())
+            loss, grads = gradient(xb, yb)
+            buffers = sgd_step(weights, grads, buffers, lr, momentum)
+            losses.append(loss)
     if not losses:
         return 0.0
     return sum(torch.stack(losses).tolist()) / len(losses)  # the same float sum as per-step .item()
 
 
-def momentum_step(params, grads, buffers, lr, momentum):
-    """torch.optim.SGD(lr, momentum)'s step, tensor by tensor; a None gradient is skipped as torch.optim
-    does. Returns the momentum buffers (created from the first gradients)."""
+def sgd_step(weights, grads, buffers, lr, momentum):
+    """One step of torch.optim.SGD(lr, momentum) on `weights` (tensors outside autograd); returns the momentum
+    buffers (created from the first gradients). A None gradient is skipped, as torch.optim does."""
+    if any(g is None for g in grads):
+        return _sgd_step_per_tensor(weights, grads, buffers, lr, momentum)
+    if momentum == 0.0:
+        torch._foreach_add_(weights, grads, alpha=-lr)
+        return buffers
+    if buffers is None:
+        buffers = [torch.clone(g).detach() for g in grads]  # torch.optim.SGD's first step
+    else:
+        torch._foreach_mul_(buffers, momentum)
+        torch._foreach_add_(buffers, grads)
+    torch._foreach_add_(weights, buffers, alpha=-lr)
+    return buffers
+
+
+def _sgd_step_per_tensor(weights, grads, buffers, lr, momentum):
     if momentum != 0.0 and buffers is None:
-        buffers = [None] * len(params)
-    for i, (p, g) in enumerate(zip(params, grads)):
+        buffers = [None] * len(weights)
+    for i, (w, g) in enumerate(zip(weights, grads)):
         if g is None:
             continue
         if momentum != 0.0:
@@ -79,7 +87,7 @@ def momentum_step(params, grads, buffers, lr, momentum):
             else:
                 buffers[i].mul_(momentum).add_(g)
             g = buffers[i]
-        p.add_(g, alpha=-lr)
+        w.add_(g, alpha=-lr)
     return buffers
 
 
