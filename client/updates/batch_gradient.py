@@ -32,14 +32,18 @@ BatchGradient = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, tuple
 
 
 def batch_gradient(model: nn.Module, params: list[torch.Tensor], y: torch.Tensor) -> BatchGradient:
-    linear, softmax = _logistic_regression(model)
-    by_hand = linear is not None and y.dtype == torch.long  # (class probabilities as labels: autograd)
-    if by_hand and [id(p) for p in params] == [id(linear.weight), id(linear.bias)]:
-        return functools.partial(_logreg_gradient, linear.weight.detach(), linear.bias.detach(), softmax)
-
     def autograd_gradient(xb, yb):
         loss = F.cross_entropy(model(xb), yb)
         return loss.detach(), torch.autograd.grad(loss, params, allow_unused=True)
+
+    linear, softmax = _logistic_regression(model)
+    if (linear is not None and y.dtype == torch.long  # (class probabilities as labels: autograd)
+            and [id(p) for p in params] == [id(linear.weight), id(linear.bias)]
+            and all(p.requires_grad for p in params)  # autograd refuses a frozen one: let it say so
+            and linear.weight.is_contiguous()  # the layout whose addmm backward _logreg_gradient follows
+            and not _hooked(model)):
+        return functools.partial(_logreg_gradient, linear.weight.detach(), linear.bias.detach(), softmax,
+                                 autograd_gradient)
     return autograd_gradient
 
 
@@ -58,9 +62,25 @@ def _logistic_regression(model: nn.Module) -> tuple[nn.Linear | None, bool]:
     return linear, softmax
 
 
-def _logreg_gradient(weight, bias, softmax, xb, yb):
+def _hooked(model: nn.Module) -> bool:
+    """Whether anything would run besides the layers' own forward: module hooks (the model's, its layers',
+    global ones), tensor hooks on the parameters, or a forward replaced on the instance."""
+    from torch.nn.modules import module as torch_module
+
+    hook_dicts = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks", "_backward_pre_hooks")
+    modules = list(model.modules())
+    return (any(getattr(m, name, None) for m in modules for name in hook_dicts)
+            or any(getattr(torch_module, f"_global{name}", None) for name in hook_dicts)
+            or any(p._backward_hooks for p in model.parameters())
+            or any("forward" in vars(m) for m in modules))
+
+
+def _logreg_gradient(weight, bias, softmax, autograd_gradient, xb, yb):
     """F.cross_entropy(model(xb), yb) and its gradient for model = Linear[+ Softmax], kernel by kernel as
-    autograd runs them (addmm, [_softmax], _log_softmax, nll_loss; then their backward kernels in reverse)."""
+    autograd runs them (addmm, [_softmax], _log_softmax, nll_loss; then their backward kernels in reverse).
+    Under autocast, whose casts only the module calls get, autograd computes it."""
+    if torch.is_autocast_enabled(xb.device.type):
+        return autograd_gradient(xb, yb)
     xb = xb.flatten(1)
     z = torch.addmm(bias, xb, weight.t())
     p = torch._softmax(z, 1, False) if softmax else z

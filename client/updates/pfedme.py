@@ -43,7 +43,7 @@ def pfedme_update(client, content, state):
                       int(config["pfedme-k"]))
     w_local = parameters_copy(model)
     named = dict(model.named_parameters())
-    names = list(w_local)
+    names = [name for name in w_local if named[name].requires_grad]
     params = [named[name] for name in names]
     thetas = [p.data for p in params]  # written through .data views: outside autograd, no no_grad per step
     ws = [w_local[name] for name in names]

@@ -61,7 +61,7 @@ def train_sgd(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, *, epoch
 def sgd_step(weights, grads, buffers, lr, momentum):
     """One step of torch.optim.SGD(lr, momentum) on `weights` (tensors outside autograd); returns the momentum
     buffers (created from the first gradients). A None gradient is skipped, as torch.optim does."""
-    if any(g is None for g in grads):
+    if any(g is None for g in grads) or (buffers is not None and any(b is None for b in buffers)):
         return _sgd_step_per_tensor(weights, grads, buffers, lr, momentum)
     if momentum == 0.0:
         torch._foreach_add_(weights, grads, alpha=-lr)
