@@ -171,6 +171,8 @@ def _run_ledger(args: argparse.Namespace) -> int:
     from common.privacy.ledger import PrivacyLedger
 
     _quiet_absl()
+    if not 0 < args.delta < 1:  # before reading: each accountant line would only say n/a
+        return _fail(f"delta must be in (0, 1), got {args.delta:g}")
     try:
         ledger = PrivacyLedger.load(args.path)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:
@@ -179,7 +181,8 @@ def _run_ledger(args: argparse.Namespace) -> int:
         if args.json:
             report = ledger.report(args.delta, args.accountant, conversion=args.conversion)
             print(json.dumps({**report.to_json(), "relations": sorted(ledger.relations()),
-                              "sampling": ledger.sampling()}))
+                              "sampling": ledger.sampling(),
+                              "assumptions": sorted(ledger.assumptions())}))
             return 0
         accountants = ["rdp", "pld"] if args.accountant in ("rdp", "pld") else [args.accountant]
         for line in ledger.summary_lines(args.delta, accountants, args.conversion):

@@ -68,8 +68,10 @@ chain are recorded; a resume with another strategy is refused.
 from __future__ import annotations
 
 import copy
+import math
 import re
 import secrets
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, NamedTuple
 
@@ -202,6 +204,9 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
     if not all(isinstance(state, dict) for state in ckpt["strategy"]) \
             or len(ckpt["strategy"]) != len(ckpt["strategy_classes"]):
         raise bad("'strategy' does not hold one state dict per strategy class")
+    earlier = ckpt.get("wall_seconds", 0.0)  # absent before session 16: the earlier segments' time is unknown
+    if isinstance(earlier, bool) or not isinstance(earlier, (int, float)) or not 0 <= earlier < math.inf:
+        raise bad(f"'wall_seconds' is {earlier!r}, not a duration")
     if "journal" in ckpt and not _is_journal_reference(ckpt["journal"]):
         raise bad("'journal' does not hold a length in bytes and a SHA-256 digest")
     why = _contents_problem(ckpt.get("rows", []), ckpt.get("mirror", {}))
@@ -250,6 +255,7 @@ class Checkpointer:
         self.enabled = bool(config["checkpoint"])
         self.path: Path | None = None
         self.lineage = secrets.token_hex(8)  # replaced by the checkpoint's on resume
+        self._started, self._earlier_seconds = time.perf_counter(), 0.0  # the latter: the resumed segments' time
         self._journal = _Journal()  # what the saves so far journaled (a fresh start: nothing, from byte 0)
         if not self.enabled:
             return
@@ -259,6 +265,10 @@ class Checkpointer:
                               "Flower run, and the run-name is what identifies the run to resume")
         folder = str(config["checkpoint-dir"]) or str(Path(str(config["results-dir"])) / "checkpoints")
         self.path = Path(folder).expanduser().resolve() / f"{name}.ckpt.npz"
+
+    def wall_seconds(self) -> float:
+        """The run's wall time so far: this process's share plus that of every segment it resumes."""
+        return self._earlier_seconds + time.perf_counter() - self._started
 
     def resumes(self) -> bool:
         """Whether this run continues a checkpointed one (else it is a fresh start)."""
@@ -291,6 +301,7 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {self.path} holds a state this run cannot load "
                                   f"({type(exc).__name__}: {exc}); {AFRESH}") from exc
         self.lineage = ckpt["lineage"]
+        self._earlier_seconds = float(ckpt.get("wall_seconds", 0.0))
         # version 2: nothing journaled yet, so the next save journals every row and (pending) mirror entry
         self._journal = _Journal(ckpt["journal"]["bytes"], ckpt["journal"]["sha256"], len(ckpt["rows"])) \
             if ckpt["version"] == VERSION else _Journal()
@@ -406,7 +417,7 @@ class Checkpointer:
             "format": FORMAT, "version": VERSION, "round": server_round, "lineage": self.lineage,
             "config": dict(self.config), "journal": {"bytes": self._journal.end, "sha256": self._journal.digest},
             "model": arrays, "strategy_classes": strategy_classes(strategy),
-            "strategy": strategy_state(strategy),
+            "strategy": strategy_state(strategy), "wall_seconds": self.wall_seconds(),
         })
         self.inflight_path.unlink(missing_ok=True)  # the round is in the checkpoint now
 

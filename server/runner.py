@@ -148,19 +148,18 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     """Run the configured federation on `grid`; return the results folder."""
     console = console or Console(highlight=False, soft_wrap=True)  # never wrap the results path
     log = lambda text: console.print(f"privfed: {text}")  # noqa: E731
-    started = time.perf_counter()
-    checkpointer = Checkpointer(config, log)  # deployment: checkpoint = true needs a run-name
+    checkpointer = Checkpointer(config, log)  # deployment: checkpoint = true needs a run-name; times the run
     results_root = Path(str(config["results-dir"])).expanduser().resolve()
     run_dir = results_root / (str(config["run-name"]) or claim_run_names(results_root, default_run_name(config),
                                                                            [""]))
     with hold_run_folder(run_dir):  # before the check: two runs of one explicit run-name never both pass it
         if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
             refuse_taken(run_dir)
-        return _federate(grid, config, console, log, checkpointer, run_dir, started)
+        return _federate(grid, config, console, log, checkpointer, run_dir)
 
 
-def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer: Checkpointer, run_dir: Path,
-              started: float) -> Path:
+def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer: Checkpointer,
+              run_dir: Path) -> Path:
     metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
     federation = load_federation(config)  # cached per process: the clients' own load reuses it
     for line in differing(federation.meta.get("files", [])):
@@ -268,7 +267,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         "config": dict(config), "versions": package_versions(),
         "initial": {"accuracy": initial_accuracy, "loss": initial_loss},
         "final": {"accuracy": final["accuracy"], "loss": final["loss"], "round": final["round"]},
-        "rounds": final["round"], "planned_rounds": num_rounds, "wall_seconds": time.perf_counter() - started,
+        "rounds": final["round"], "planned_rounds": num_rounds, "wall_seconds": checkpointer.wall_seconds(),
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
         "privacy": mirror.summary(), "data_files": federation.meta.get("files", []),
         "node_state": node_state_folder(config, grid),

@@ -299,6 +299,8 @@ class PrivacyLedger:
         pure = self.pure_epsilon()
         if pure:
             lines.append(f"epsilon [pure-DP entries, basic composition] = {pure:.4f} (add to each line above)")
+        if self.assumptions():
+            lines.append(f"NOT A GUARANTEE of this run: it assumes {'; and '.join(sorted(self.assumptions()))}")
         return lines
 
     # -- persistence ------------------------------------------------------------
