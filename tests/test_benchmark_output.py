@@ -11,14 +11,18 @@ from tests.conftest import data_dir_or_skip
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _import(name: str):
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.remove(str(REPO / "benchmarks"))
+
+
 def test_dpsgd_benchmark_times_real_accounting_and_ends_with_json(capsys, monkeypatch):
     """Each timed epsilon is computed afresh (the accountants' caches would make repeats
     cache hits), and the last output line is the JSON of the figures."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import dpsgd_step
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    dpsgd_step = _import("dpsgd_step")
     from common.privacy import accounting
 
     composed = []
@@ -40,11 +44,7 @@ def test_dpsgd_benchmark_times_real_accounting_and_ends_with_json(capsys, monkey
 
 def test_secagg_benchmark_prints_the_ratio_before_its_json(capsys, monkeypatch, tmp_path):
     """The ratios are printed for people, not only inside the final JSON line (child runs faked)."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import secagg_vs_secaggplus as bench
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    bench = _import("secagg_vs_secaggplus")
 
     class Done:
         returncode, stdout, stderr = 0, "", ""
@@ -70,14 +70,6 @@ def test_secagg_benchmark_prints_the_ratio_before_its_json(capsys, monkeypatch, 
 
 
 # --- what the headline JSON may claim (review, session 13) ---------------------------------------
-def _import(name: str):
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
-
-
 def _fake_secagg_children(bench, monkeypatch, errors: dict[str, float], seconds: dict[str, float]):
     class Done:
         returncode, stdout, stderr = 0, "", ""
@@ -163,11 +155,7 @@ def test_checkpoint_growth_benchmark_ends_with_its_figures(capsys):
 
 def test_iteration_budget_benchmark_checks_both_searches_agree_and_ends_with_json(capsys, monkeypatch):
     """Both searches must return the same R_c; RDP stands in for PLD here to keep the test fast."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import iteration_budget as bench
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    bench = _import("iteration_budget")
     from common.privacy import accounting
 
     real = accounting.dpsgd_epsilon
@@ -185,11 +173,7 @@ def test_iteration_budget_benchmark_checks_both_searches_agree_and_ends_with_jso
 
 def test_local_step_benchmark_times_autograd_as_its_reference(capsys, monkeypatch):
     """The reference arm really runs autograd (and the by-hand arm does not), and the JSON line ends the output."""
-    sys.path.insert(0, str(REPO / "benchmarks"))
-    try:
-        import local_step
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    local_step = _import("local_step")
     import torch
 
     calls = []
