@@ -84,15 +84,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_run_ledger)
 
 
-def _quiet_absl() -> None:
-    try:  # dp-accounting logs a warning per RDP order it cannot evaluate
-        from absl import logging as absl_logging
-
-        absl_logging.set_verbosity(absl_logging.ERROR)
-    except ImportError:  # pragma: no cover
-        pass
-
-
 # What the calculator's (epsilon, delta) statements are about (common.privacy.accounting.dpsgd_event).
 RELATION, SAMPLING = "add-remove", "poisson"
 
@@ -123,7 +114,6 @@ def _how(args: argparse.Namespace) -> str:
 def _run_epsilon(args: argparse.Namespace) -> int:
     from common.privacy import accounting
 
-    _quiet_absl()
     if args.steps < 0:  # the accountant would compose a negative count into epsilon 0
         return _fail(f"--steps must be >= 0; got {args.steps}")
     try:
@@ -139,7 +129,6 @@ def _run_epsilon(args: argparse.Namespace) -> int:
 def _run_sigma(args: argparse.Namespace) -> int:
     from common.privacy import accounting
 
-    _quiet_absl()
     try:
         sigma = accounting.calibrate_noise_multiplier(args.epsilon, args.delta, args.q, args.steps,
                                                       accountant=args.accountant, conversion=args.conversion,
@@ -155,7 +144,6 @@ def _run_sigma(args: argparse.Namespace) -> int:
 def _run_steps(args: argparse.Namespace) -> int:
     from common.privacy import accounting
 
-    _quiet_absl()
     try:
         steps = accounting.max_steps(args.epsilon, args.delta, args.q, args.sigma, accountant=args.accountant,
                                      conversion=args.conversion, orders=args.orders, search=args.search)
@@ -170,7 +158,6 @@ def _run_steps(args: argparse.Namespace) -> int:
 def _run_ledger(args: argparse.Namespace) -> int:
     from common.privacy.ledger import PrivacyLedger
 
-    _quiet_absl()
     if not 0 < args.delta < 1:  # before reading: each accountant line would only say n/a
         return _fail(f"delta must be in (0, 1), got {args.delta:g}")
     try:

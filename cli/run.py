@@ -216,8 +216,14 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
 
 
 def print_epsilon_notes(console, results: list[dict[str, Any]]) -> None:
-    for note in dict.fromkeys(r["epsilon_note"] for r in results if r.get("epsilon_note")):
-        console.print(note, markup=False, highlight=False, soft_wrap=True)
+    """What the epsilons state: once if every private run states the same, else each with the runs it is about."""
+    runs_of: dict[str, list[str]] = {}
+    for r in results:
+        if r.get("epsilon_note"):
+            runs_of.setdefault(r["epsilon_note"], []).append(Path(r["path"]).name)
+    for note, runs in runs_of.items():
+        about = f"{', '.join(runs)}: " if len(runs_of) > 1 else ""
+        console.print(f"{about}{note}", markup=False, highlight=False, soft_wrap=True)
 
 
 def _fmt(value: Any, spec: str = ".4f") -> str:

@@ -83,3 +83,41 @@ def test_rerunning_a_finished_checkpointed_run_keeps_its_summary_wall_time(tmp_p
     run_inprocess(cfg)
     again = json.loads((out / "summary.json").read_text())
     assert again["wall_seconds"] >= sum(r["seconds"] for r in rows), (first["wall_seconds"], again["wall_seconds"])
+
+
+def test_privfed_silences_dp_accountings_convergence_warnings(capsys):
+    """dp-accounting's `_compute_log_a_frac failed to converge` warnings (the order is then left out of the
+    minimum: still a valid bound) leaked into `privfed run` output; every command now sets absl to ERROR."""
+    from absl import logging as absl_logging
+
+    absl_logging.set_verbosity(absl_logging.WARNING)
+    assert main(["repro", "--list"]) == 0
+    assert absl_logging.get_verbosity() == absl_logging.ERROR
+
+
+def test_report_epsilon_notes_name_their_runs_when_they_differ():
+    from rich.console import Console
+
+    from cli.run import print_epsilon_notes
+
+    def printed(results):
+        console = Console(record=True, width=400)
+        print_epsilon_notes(console, results)
+        return console.export_text().strip().splitlines()
+
+    runs = [{"path": "/r/a", "epsilon_note": "note A"}, {"path": "/r/b", "epsilon_note": "note B"},
+            {"path": "/r/c", "epsilon_note": "note A"}, {"path": "/r/d", "epsilon_note": None}]
+    assert printed(runs) == ["a, c: note A", "b: note B"]
+    assert printed([runs[0], runs[2], runs[3]]) == ["note A"]
+
+
+def test_adult_download_without_a_network_names_the_dataset_and_its_url(capsys, tmp_path, monkeypatch):
+    import urllib.error
+    import urllib.request
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("Temporary failure in name resolution")
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    assert main(["data", "download", "adult", "--data-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot download adult (https://" in err and "name resolution" in err, err

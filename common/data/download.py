@@ -62,8 +62,11 @@ def _torchvision():
 def _fetch_adult(target: Path) -> None:
     target.mkdir(parents=True, exist_ok=True)
     for name, digest in ADULT_SHA256.items():
-        with urllib.request.urlopen(ADULT_URL + name, timeout=60) as resp:  # noqa: S310 (fixed https URL)
-            body = resp.read()
+        try:
+            with urllib.request.urlopen(ADULT_URL + name, timeout=60) as resp:  # noqa: S310 (fixed https URL)
+                body = resp.read()
+        except OSError as err:  # URLError, timeouts: say what could not be fetched, from where
+            raise OSError(f"cannot download adult ({ADULT_URL + name}): {getattr(err, 'reason', err)}") from err
         got = hashlib.sha256(body).hexdigest()
         if got != digest:
             raise OSError(f"{ADULT_URL + name}: SHA-256 {got} does not match the published {digest}; not saved")
