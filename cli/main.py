@@ -26,19 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    quiet_absl()
     return int(args.func(args) or 0)
-
-
-def quiet_absl() -> None:
-    """dp-accounting logs a warning for each fractional RDP order whose series does not converge; it then
-    leaves that order out (epsilon is the minimum over the others: still a valid bound), so the warnings
-    only bury privfed's own lines."""
-    try:
-        from absl import logging as absl_logging
-    except ImportError:  # pragma: no cover (a dependency of dp-accounting)
-        return
-    absl_logging.set_verbosity(absl_logging.ERROR)
 
 
 class Terminated(KeyboardInterrupt):

@@ -220,7 +220,7 @@ def print_epsilon_notes(console, results: list[dict[str, Any]]) -> None:
     runs_of: dict[str, list[str]] = {}
     for r in results:
         if r.get("epsilon_note"):
-            runs_of.setdefault(r["epsilon_note"], []).append(Path(r["path"]).name)
+            runs_of.setdefault(r["epsilon_note"], []).append(r["path"])  # as the table names the run
     for note, runs in runs_of.items():
         about = f"{', '.join(runs)}: " if len(runs_of) > 1 else ""
         console.print(f"{about}{note}", markup=False, highlight=False, soft_wrap=True)

@@ -205,13 +205,22 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
             or len(ckpt["strategy"]) != len(ckpt["strategy_classes"]):
         raise bad("'strategy' does not hold one state dict per strategy class")
     earlier = ckpt.get("wall_seconds", 0.0)  # absent before session 16: the earlier segments' time is unknown
-    if isinstance(earlier, bool) or not isinstance(earlier, (int, float)) or not 0 <= earlier < math.inf:
-        raise bad(f"'wall_seconds' is {earlier!r}, not a duration")
+    if not _is_duration(earlier):
+        raise bad(f"'wall_seconds' is {str(earlier)[:80]}, not a duration")
     if "journal" in ckpt and not _is_journal_reference(ckpt["journal"]):
         raise bad("'journal' does not hold a length in bytes and a SHA-256 digest")
     why = _contents_problem(ckpt.get("rows", []), ckpt.get("mirror", {}))
     if why:
         raise bad(why)
+
+
+def _is_duration(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return 0 <= float(value) < math.inf
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 def _is_journal_reference(journal: dict) -> bool:
@@ -255,7 +264,7 @@ class Checkpointer:
         self.enabled = bool(config["checkpoint"])
         self.path: Path | None = None
         self.lineage = secrets.token_hex(8)  # replaced by the checkpoint's on resume
-        self._started, self._earlier_seconds = time.perf_counter(), 0.0  # the latter: the resumed segments' time
+        self._started, self.earlier_seconds = time.perf_counter(), 0.0  # the latter: the resumed segments' time
         self._journal = _Journal()  # what the saves so far journaled (a fresh start: nothing, from byte 0)
         if not self.enabled:
             return
@@ -268,7 +277,7 @@ class Checkpointer:
 
     def wall_seconds(self) -> float:
         """The run's wall time so far: this process's share plus that of every segment it resumes."""
-        return self._earlier_seconds + time.perf_counter() - self._started
+        return self.earlier_seconds + time.perf_counter() - self._started
 
     def resumes(self) -> bool:
         """Whether this run continues a checkpointed one (else it is a fresh start)."""
@@ -301,7 +310,7 @@ class Checkpointer:
             raise CheckpointError(f"checkpoint {self.path} holds a state this run cannot load "
                                   f"({type(exc).__name__}: {exc}); {AFRESH}") from exc
         self.lineage = ckpt["lineage"]
-        self._earlier_seconds = float(ckpt.get("wall_seconds", 0.0))
+        self.earlier_seconds = float(ckpt.get("wall_seconds", 0.0))
         # version 2: nothing journaled yet, so the next save journals every row and (pending) mirror entry
         self._journal = _Journal(ckpt["journal"]["bytes"], ckpt["journal"]["sha256"], len(ckpt["rows"])) \
             if ckpt["version"] == VERSION else _Journal()

@@ -263,11 +263,13 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
                else f"no reply was usable; the first: {dropped[0]}" if dropped else "no client replied")
         raise RuntimeError(f"no round updated the model; {why}")
     final = writer.rows[-1]
+    # a resumed run with no round left (the same command again) adds no time to what the checkpoint holds
+    wall_seconds = checkpointer.wall_seconds() if first_round <= num_rounds else checkpointer.earlier_seconds
     summary = {
         "config": dict(config), "versions": package_versions(),
         "initial": {"accuracy": initial_accuracy, "loss": initial_loss},
         "final": {"accuracy": final["accuracy"], "loss": final["loss"], "round": final["round"]},
-        "rounds": final["round"], "planned_rounds": num_rounds, "wall_seconds": checkpointer.wall_seconds(),
+        "rounds": final["round"], "planned_rounds": num_rounds, "wall_seconds": wall_seconds,
         "model_bytes": arrays_nbytes(arrays), "clients": len(roster.node_of),
         "privacy": mirror.summary(), "data_files": federation.meta.get("files", []),
         "node_state": node_state_folder(config, grid),

@@ -1,5 +1,5 @@
-"""ALI-DPFL resumed after a crash between journaling a round and sending it: a known defect, kept as a strict
-xfail until the server can learn the clients' real step counts (review of session 16; closing note 16)."""
+"""ALI-DPFL resumed after a crash between recording a round as in flight and sending it: a known defect,
+kept as a strict xfail until the server can learn the clients' real step counts (review of session 16)."""
 
 import pytest
 
@@ -13,7 +13,7 @@ pytestmark = pytest.mark.timeout(180)
 @pytest.mark.xfail(strict=True, reason="known: the mirror's upper bound for a lost round raises t to R_c although "
                    "no client ran it; the budget is under-spent (the safe side). Fix: ask the nodes for their steps")
 def test_resume_after_a_crash_before_the_instructions_left_still_spends_the_budget(tmp_path):
-    """R_s = 4 < R_c = 13. The server dies after journaling round 3 (Checkpointer.begin_round) but before
+    """R_s = 4 < R_c = 13. The server dies after recording round 3 as in flight (Checkpointer.begin_round) but before
     its instructions leave: no client ran or charged round 3 (their ledgers hold 7 steps). On resume the
     mirror counts the lost round as an upper bound and `AliDpfl.sync_with_mirror` raises t to it (13 = R_c),
     so the resumed round 3 is planned with tau = 0, every client is retired and the run ends after a round
