@@ -106,16 +106,16 @@ def test_released_column_vector_labels_or_owners_are_refused_as_damaged(tmp_path
 def test_an_interrupted_download_leaves_no_file_that_counts_as_present(tmp_path):
     """The file is written beside its name and renamed: a crash mid-write leaves neither a truncated file
     (which `_present` would count as downloaded) nor the partial temp file."""
-    from common.data.download import _place
+    from common.durable import write_atomically  # what common/data/download.py writes each file with
 
     dest = tmp_path / "adult.data"
 
-    def interrupted(tmp):
-        tmp.write_bytes(b"39, State-gov, 77516")
+    def interrupted(fh):
+        fh.write(b"39, State-gov, 77516")
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        _place(dest, interrupted)
+        write_atomically(dest, interrupted)
     assert list(tmp_path.iterdir()) == []
-    _place(dest, lambda tmp: tmp.write_bytes(b"whole"))
+    write_atomically(dest, lambda fh: fh.write(b"whole"))
     assert dest.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [dest]

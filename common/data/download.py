@@ -24,11 +24,12 @@ The released Synthetic federations (syn-*) cannot be downloaded.
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import tempfile
 import urllib.request
 from pathlib import Path
+
+from common.durable import write_atomically
 
 from .idx import FILES as IDX_FILES
 from .provenance import PUBLISHED_SHA256
@@ -70,18 +71,8 @@ def _fetch_adult(target: Path) -> None:
         got = hashlib.sha256(body).hexdigest()
         if got != digest:
             raise OSError(f"{ADULT_URL + name}: SHA-256 {got} does not match the published {digest}; not saved")
-        _place(target / name, lambda tmp: tmp.write_bytes(body))
-
-
-def _place(dest: Path, write) -> None:
-    """`write(tmp)` beside `dest`, then rename: an interrupted download never leaves a truncated file that
-    `_present` would count as there."""
-    tmp = dest.with_name(f".{dest.name}.part")
-    try:
-        write(tmp)
-        os.replace(tmp, dest)
-    finally:
-        tmp.unlink(missing_ok=True)
+        # whole or not at all: an interrupted download never leaves a cut file that `_present` would count
+        write_atomically(target / name, lambda fh: fh.write(body))
 
 
 def download(dataset: str, data_dir: str | Path, force: bool = False) -> Path:
@@ -114,7 +105,8 @@ def download(dataset: str, data_dir: str | Path, force: bool = False) -> Path:
             raw = tmp / cls.__name__ / "raw"
             folder.mkdir(parents=True, exist_ok=True)
             for stem in IDX_FILES.values():
-                _place(folder / f"{stem}.gz", lambda tmp, src=raw / f"{stem}.gz": shutil.copyfile(src, tmp))
+                write_atomically(folder / f"{stem}.gz",
+                                 lambda fh, src=raw / f"{stem}.gz": fh.write(src.read_bytes()))
         else:
             tvd.CIFAR10(root=str(tmp), train=True, download=True)
             if folder.exists():
