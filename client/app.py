@@ -8,7 +8,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from client.node import local_client
-from client.privacy import BudgetExhausted, charges_recorded, claim, refusal
+from client.privacy import BudgetExhausted, charges_recorded, claim, ledger_path, refusal, report_and_fence
 from client.resume import LINEAGE, resumable, snapshot_folder
 from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
@@ -74,13 +74,17 @@ def private_release(rule, config, name: str | None = None):
 
 @app.query("enroll")
 def enroll(msg: Message, context: Context) -> Message:
-    """Tell the server which partition this node holds and how much data it has."""
+    """Tell the server which partition this node holds and how much data it has; in a resumable private
+    run also what its ledger holds of the last round (`report_and_fence`)."""
     client = local_client(context)
     reply = ConfigRecord({
         "partition-id": client.partition,
         "num-partitions": int(context.node_config["num-partitions"]),
         "num-examples": client.num_train,
     })
+    if is_private(client.config) and client.config["checkpoint"]:  # its ledger outlives this server start
+        reply.update(report_and_fence(ledger_path(client.config, client.node_config, client.run_id,
+                                                  client.partition), client.run_id))
     return Message(RecordDict({CONFIG: reply}), reply_to=msg)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 from pathlib import Path
 from typing import Iterator, Mapping
@@ -97,6 +98,11 @@ def locked(ledger: PrivacyLedger) -> Iterator[PrivacyLedger]:
         yield ledger
 
 
+def _beside(path: Path, suffix: str) -> Path:
+    """A file beside the ledger file `path`, named after it."""
+    return path.with_name(path.name.removesuffix(".ledger.json") + suffix)
+
+
 class LedgerOfAnotherStart(RuntimeError):
     """The run-name's ledger holds charges made under another start of the run (see `claim`)."""
 
@@ -110,7 +116,7 @@ def claim(ledger: PrivacyLedger, lineage: str) -> None:
     written before these tags existed is claimed by the first start that presents a token."""
     if ledger.path is None:
         return
-    tag = ledger.path.with_name(ledger.path.name.removesuffix(".ledger.json") + ".lineage")
+    tag = _beside(ledger.path, ".lineage")
     with locked(ledger):
         held = tag.read_text().strip() if tag.exists() else None
         if held == lineage:
@@ -124,18 +130,59 @@ def claim(ledger: PrivacyLedger, lineage: str) -> None:
         write_atomically(tag, lambda f: f.write(lineage.encode()))
 
 
+class StaleInstruction(RuntimeError):
+    """A train instruction of a server start that a later start of the same run has replaced."""
+
+
+def report_and_fence(path: Path, server_run: int) -> dict[str, int | str]:
+    """A resumable run's enrollment: what the ledger at `path` holds of its last round, for the server's
+    reconciliation of a round it lost in a crash (server/lost_round.py), and from now on only
+    `server_run`'s instructions are charged (the fence). Without the fence an instruction the dead
+    server start had sent, delivered after this report, would charge what the report said was not.
+    A missing ledger is reported empty and not created (a resume may still be refused).
+
+    The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`
+    (-1 if no entry has a round) and `ledger-last-entries` (that round's entries, JSON). All are
+    data-independent: entries are planned from the instructions and the enrolled data size."""
+    with file_lock(path):
+        ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger()
+        write_atomically(_beside(path, ".server-run"), lambda f: f.write(str(server_run).encode()))
+        if any(e.round is None for e in ledger.entries):
+            return {}  # not tied to rounds: nothing to report (the server counts a lost round)
+        tag, last = _beside(path, ".lineage"), max(ledger.rounds(), default=-1)
+        return {"ledger-lineage": tag.read_text().strip() if tag.exists() else "",
+                "ledger-last-round": last,
+                "ledger-last-entries": json.dumps([e.to_json() for e in ledger.entries if e.round == last])}
+
+
+def _check_fence(ledger: PrivacyLedger, server_run: int | None) -> None:
+    """Refuse an instruction of a server start other than the one that enrolled this node last."""
+    if server_run is None or ledger.path is None:
+        return
+    fence = _beside(ledger.path, ".server-run")
+    enrolled = fence.read_text().strip() if fence.exists() else str(server_run)
+    if enrolled != str(server_run):
+        raise StaleInstruction(
+            f"this instruction comes from Flower run {server_run}, but run {enrolled} (a later "
+            f"start of run-name {ledger.path.parent.name.removeprefix('name-')!r}) has enrolled this node since: "
+            "refused, nothing charged")
+
+
 def charge(ledger: PrivacyLedger, config: Mapping, entries: list[LedgerEntry],
-           also: Mapping[str, float] | None = None) -> None:
+           also: Mapping[str, float] | None = None, *, server_run: int | None = None) -> None:
     """Refuse if `entries` would exceed the budget; otherwise record them (persisted).
 
     `also`: further accountants that must stay within the budget, each with a relative tolerance (Hu et
-    al.'s hu-thm1, whose sigma is calibrated to hit the target exactly); checked under the same lock."""
+    al.'s hu-thm1, whose sigma is calibrated to hit the target exactly); checked under the same lock.
+    `server_run`: the Flower run of the instruction; refused (StaleInstruction) if a later start of a
+    resumable run has enrolled the node since (`report_and_fence`)."""
     global _charges
     if not entries:
         return
     target, delta = float(config["target-epsilon"]), float(config["target-delta"])
     checks = {str(config["accountant"]): 0.0, **(also or {})}
     with locked(ledger):
+        _check_fence(ledger, server_run)
         for accountant, tolerance in checks.items():
             if target > 0 and ledger.would_exceed(entries, target * (1 + tolerance), delta, accountant=accountant):
                 spent = ledger.epsilon(delta, accountant=accountant)

@@ -29,9 +29,11 @@ save after it writes them all as the journal's first line.
 
 Before a round's instructions leave, `<run-name>.inflight.npz` records the
 ledger entries the instructed clients will charge; it is deleted once that
-round is checkpointed. A server that dies in between cannot know whether its
-clients trained (and charged), so the resume counts that round in the mirror
-too: it may over-count one round, never under-count. A first round interrupted
+round is checkpointed. A server that dies in between cannot know by itself
+whether its clients trained (and charged), so the resume counts that round in
+the mirror too, for every instructed client except those whose enrollment
+report proves they did not charge it (server/lost_round.py): it may over-count
+one round, never under-count. A first round interrupted
 before any checkpoint is counted the same way by the next start, which saves a
 round-0 checkpoint at once so that the count survives a second crash.
 
@@ -84,6 +86,7 @@ from common.checkpoint_file import (JOURNAL_START, UNREADABLE, CheckpointError, 
 from common.config import ConfigError
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
+from server.lost_round import LedgerTail, not_charged
 from server.replies import arrays_problem
 from server.strategies.chain import wrapper_chain
 
@@ -264,6 +267,7 @@ class Checkpointer:
         self.enabled = bool(config["checkpoint"])
         self.path: Path | None = None
         self.lineage = secrets.token_hex(8)  # replaced by the checkpoint's on resume
+        self._tails: dict[int, LedgerTail] = {}  # the nodes' ledger reports, given to `resume`
         self._started, self.earlier_seconds = time.perf_counter(), 0.0  # the latter: the resumed segments' time
         self._journal = _Journal()  # what the saves so far journaled (a fresh start: nothing, from byte 0)
         if not self.enabled:
@@ -283,10 +287,13 @@ class Checkpointer:
         """Whether this run continues a checkpointed one (else it is a fresh start)."""
         return self.enabled and self.path.exists()
 
-    def resume(self, strategy, mirror, writer, model: ArrayRecord | None = None) -> tuple[ArrayRecord | None, int]:
+    def resume(self, strategy, mirror, writer, model: ArrayRecord | None = None,
+               tails: Mapping[int, LedgerTail] | None = None) -> tuple[ArrayRecord | None, int]:
         """Restore from the checkpoint if there is one: (global arrays, first round to run);
         (None, 1) for a fresh start. `model`: the run's initial model, which the saved one must match
-        array for array (names, dtypes, shapes, finite values)."""
+        array for array (names, dtypes, shapes, finite values). `tails`: the nodes' reports of their
+        ledgers' last rounds (the roster's), which tell a lost round that never reached them."""
+        self._tails = dict(tails or {})
         if not self.enabled:
             return None, 1
         if not self.path.exists():  # a fresh start; but round 1 of a crashed one may have been charged
@@ -366,13 +373,18 @@ class Checkpointer:
         if unknown:
             raise CheckpointError(f"{self.inflight_path} names partitions {unknown}, which this run does not "
                                   f"have; {AFRESH}")
+        spared = [p for p, ledger in ledgers.items()
+                  if not_charged(self._tails.get(p), str(lost["lineage"]), mirror.ledgers[p].entries, ledger.entries)]
         for p, ledger in ledgers.items():
-            mirror.record(p, list(ledger.entries))
+            if p not in spared:
+                mirror.record(p, list(ledger.entries))
         if any_lineage:  # this start continues the crashed one, whose token the nodes' ledgers are bound to
             self.lineage = str(lost["lineage"])
-        self.log(f"round {done + 1} was interrupted after its instructions left: the privacy its "
-                 f"{len(ledgers)} instructed clients may have spent is counted (as their own ledgers do)")
-        return True
+        counted = len(ledgers) - len(spared)
+        self.log(f"round {done + 1} was interrupted after its instructions were recorded: of its {len(ledgers)} "
+                 f"instructed clients, {len(spared)} report (server/lost_round.py) that they did not charge it; "
+                 f"the privacy the other {counted} may have spent is counted")
+        return counted > 0
 
     def _load(self) -> dict[str, Any]:
         """The checkpoint, read and checked for shape: CheckpointError naming the file if it is not one."""

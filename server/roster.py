@@ -1,7 +1,8 @@
 """Who is in the federation: wait for the expected nodes, then enroll them.
 
 Enrollment is one `query.enroll` round trip: each node reports its partition
-id and training-set size. The server then addresses clients by partition, so
+id and training-set size (in a resumable private run also its ledger's last
+round: server/lost_round.py). The server then addresses clients by partition, so
 client sampling is the same whatever node ids the runtime hands out
 (simulation, deployment and the in-process engine all agree).
 """
@@ -9,13 +10,14 @@ client sampling is the same whatever node ids the runtime hands out
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from common.records import CONFIG
+from server.lost_round import LedgerTail, parse_tail
 
 
 class FederationError(RuntimeError):
@@ -26,6 +28,8 @@ class FederationError(RuntimeError):
 class Roster:
     node_of: dict[int, int]  # partition id -> node id
     num_examples: dict[int, int]  # partition id -> training examples
+    # partition id -> what its ledger holds of its last round (resumable private runs; server/lost_round.py)
+    ledger_tails: dict[int, LedgerTail] = field(default_factory=dict)
 
     @property
     def partitions(self) -> list[int]:
@@ -91,7 +95,7 @@ def enroll(grid: Grid, expected: int, timeout: float, log=print, sizes: Sequence
     weights and the privacy accounting depend on the roster."""
     nodes = wait_for_nodes(grid, expected, timeout, log)
     asks = [Message(RecordDict(), dst_node_id=n, message_type="query.enroll") for n in nodes]
-    node_of, sizes_of, problems = {}, {}, []
+    node_of, sizes_of, tails, problems = {}, {}, {}, []
     for reply in grid.send_and_receive(asks, timeout=timeout):
         src = reply.metadata.src_node_id
         if reply.has_error():
@@ -109,9 +113,11 @@ def enroll(grid: Grid, expected: int, timeout: float, log=print, sizes: Sequence
             problems.append(f"nodes {node_of[partition]} and {src} both hold partition {partition}")
             continue
         node_of[partition], sizes_of[partition] = src, size
+        if (tail := parse_tail(reply.content[CONFIG])) is not None:
+            tails[partition] = tail
     missing = sorted(set(range(expected)) - set(node_of))
     if missing:
         problems.append(f"partitions {missing} not enrolled" + ("" if problems else " (no reply)"))
     if problems:
         raise FederationError("enrollment failed: " + "; ".join(problems))
-    return Roster(node_of, sizes_of)
+    return Roster(node_of, sizes_of, tails)

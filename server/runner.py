@@ -195,7 +195,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     # an unreadable checkpoint must not cost the interrupted run's rows: reset only once it has been read
     writer = ResultsWriter(run_dir.parent, run_dir.name)
     initial_loss, initial_accuracy = evaluate(model, x_test, y_test, device)
-    resumed, first_round = checkpointer.resume(strategy, mirror, writer, arrays)  # (None, 1) unless resuming
+    # (None, 1) unless resuming; the ledger reports tell which clients a lost round never reached
+    resumed, first_round = checkpointer.resume(strategy, mirror, writer, arrays, roster.ledger_tails)
     if resumed is None:
         writer.reset()
     # ALI-DPFL's t follows the mirror, which counts a lost round (a resume, or a restart after round 1 was lost)
@@ -216,8 +217,10 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         checkpointer.begin_round(server_round, planned)
         replies = in_sent_order(messages, grid_for_strategy.send_and_receive(messages,
                                                                              timeout=float(config["round-timeout"])))
-        account_round(planned, strategy, roster, mirror, messages, replies, log,
-                      instructed(grid_for_strategy, metered))
+        sent = instructed(grid_for_strategy, metered)
+        account_round(planned, strategy, roster, mirror, messages, replies, log, sent)
+        if sent is not None and (unsent := declared(strategy, "not_sent", None)):  # e.g. ALI-DPFL's t
+            unsent([p for p, node in roster.node_of.items() if node not in sent and p in planned])
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
         failure = failure or next((r.error.reason for r in replies
                                    if r.has_error() and r.error.code != BUDGET_EXHAUSTED), "")

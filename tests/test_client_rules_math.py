@@ -41,7 +41,7 @@ def test_hu_private_round_trains_a_model_that_lives_on_cuda(tmp_path):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 2)).cuda()
     client = SimpleNamespace(config=config, model=model, x=torch.randn(12, 3, device="cuda"),
                              y=torch.randint(0, 2, (12,), device="cuda"), num_train=12, partition=0,
-                             device=torch.device("cuda"), ledger=PrivacyLedger(path=tmp_path / "ledger.json"))
+                             device=torch.device("cuda"), ledger=PrivacyLedger(path=tmp_path / "ledger.json"), run_id=0)
     content = _content(model, **{"hu-sigma": 0.5, "hu-local-steps": 2, "hu-clip": 1.0,
                                  "hu-accountant": "conservative"})
     start = arrays_to_state_dict(content["arrays"])

@@ -153,7 +153,7 @@ def _client(tmp_path, **kw):
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 2))
     ledger = PrivacyLedger(path=tmp_path / "ledger.json")
     return SimpleNamespace(config=config, model=model, x=torch.randn(12, 3), y=torch.randint(0, 2, (12,)),
-                           num_train=12, partition=0, ledger=ledger)
+                           num_train=12, partition=0, ledger=ledger, run_id=0)
 
 
 def test_client_records_zcdp_and_refuses_past_its_budget(tmp_path):

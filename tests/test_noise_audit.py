@@ -34,7 +34,7 @@ def _fedlap_reply(tmp_path, name, x, y, num_classes):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(x.shape[1], num_classes))
     client = SimpleNamespace(config=config, model=model, x=x, y=y, num_train=len(y), partition=0,
-                             ledger=PrivacyLedger(path=tmp_path / f"{name}.ledger.json"))
+                             ledger=PrivacyLedger(path=tmp_path / f"{name}.ledger.json"), run_id=0)
     content = RecordDict({ARRAYS: model_to_arrays(model), CONFIG: ConfigRecord({"server-round": 1})})
     reply = fedlap_update(client, content, RecordDict())
     return reply[SET_KEY]["labels"].numpy(), client.ledger

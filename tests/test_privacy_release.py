@@ -43,7 +43,7 @@ def _client(tmp_path, name: str, **config):
     return SimpleNamespace(config=validate({"results-dir": str(tmp_path), **config}),
                            model=torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 3)),
                            x=torch.randn(20, 4), y=torch.randint(0, 3, (20,)), num_train=20, partition=2,
-                           ledger=PrivacyLedger(path=tmp_path / f"{name}.ledger.json"))
+                           ledger=PrivacyLedger(path=tmp_path / f"{name}.ledger.json"), run_id=0)
 
 
 def _content(model, **instruction) -> RecordDict:

@@ -25,7 +25,8 @@ from common.seeding import mechanism_seed, numpy_rng
 def dpsgd_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
     config, instruction = client.config, content[CONFIG]
     train_round = int(instruction.get("train-round", instruction["server-round"]))  # keys the noise and sampling
-    charge(client.ledger, config, planned_entries(config, instruction))  # raises BudgetExhausted
+    # raises BudgetExhausted (or StaleInstruction: a later start of the run has taken over)
+    charge(client.ledger, config, planned_entries(config, instruction), server_run=client.run_id)
     load_arrays(client.model, content[ARRAYS])
     root = mechanism_seed(config)  # secret by default: the server must not regenerate noise or batches
     seed = int(numpy_rng(root, "client-dpsgd", client.partition, train_round).integers(2**62))

@@ -162,7 +162,7 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
     server_round = int(instruction["server-round"])
     private = config["privacy"] == "dpsgd"
     if private:  # the data owner decides: refuse (BudgetExhausted) or record, before any data access
-        charge(client.ledger, config, planned_entries(config, instruction))
+        charge(client.ledger, config, planned_entries(config, instruction), server_run=client.run_id)
     load_arrays(client.model, content[ARRAYS])
     model = client.model
     model.train()

@@ -172,8 +172,9 @@ def hu_update(client, content, state):
             raise ValueError(f"instruction claims r = {claimed} clients per round for the accounting, "
                              f"but this reply is {f'masked, credited for {r}' if secure else 'not masked'}")
         entries = planned_entries(config, instruction, dataset_size=m)
-        # the paper's conversion too (sigma is calibrated to hit the target exactly: float tolerance)
-        charge(client.ledger, config, entries, also={"hu-thm1": 1e-9})  # records before training
+        # records before training; the paper's conversion too (sigma is calibrated to hit the target
+        # exactly: float tolerance)
+        charge(client.ledger, config, entries, also={"hu-thm1": 1e-9}, server_run=client.run_id)
 
     # Secret by default under DP: the server must not regenerate the noise or the batches.
     root = mechanism_seed(config) if sigma > 0 else int(config["seed"])

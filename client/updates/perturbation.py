@@ -66,7 +66,8 @@ def output_perturbed(base):
 
     def rule(client, content: RecordDict, state: RecordDict) -> RecordDict:
         config, instruction = client.config, content[CONFIG]
-        charge(client.ledger, config, planned_entries(config, instruction, dataset_size=client.num_train))
+        charge(client.ledger, config, planned_entries(config, instruction, dataset_size=client.num_train),
+               server_run=client.run_id)
         received = arrays_to_state_dict(content[ARRAYS]) if config["output-perturb"] == "update" else None
         reply = base(client, content, state)
         trained = arrays_to_state_dict(reply[ARRAYS])
@@ -90,7 +91,8 @@ def objective_perturbed(base):
 
     def rule(client, content: RecordDict, state: RecordDict) -> RecordDict:
         config, instruction = client.config, content[CONFIG]
-        charge(client.ledger, config, planned_entries(config, instruction, dataset_size=client.num_train))
+        charge(client.ledger, config, planned_entries(config, instruction, dataset_size=client.num_train),
+               server_run=client.run_id)
         generator = torch_generator(mechanism_seed(config), "client-objective-noise", client.partition,
                                     _train_round(instruction))
         params = {name: p.detach() for name, p in client.model.named_parameters() if p.requires_grad}

@@ -103,6 +103,12 @@ class AliDpfl(FedAvg):
             self.steps[p] += self._tau
         return messages
 
+    def not_sent(self, partitions: list[int]) -> None:
+        """The runner: secure aggregation left these instructed partitions out of the round (not enrolled,
+        excluded, or too few usable nodes to start it), so they ran and charged nothing."""
+        for p in partitions:
+            self.steps[p] -= self._tau
+
     def _retire_all(self) -> None:
         for p in self.roster.partitions:
             self.retire(p)

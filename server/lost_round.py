@@ -1,0 +1,74 @@
+"""Did the clients charge the round a crashed server lost?
+
+A server that dies after recording a round as in flight (server/checkpoint.py,
+`begin_round`) and before checkpointing it cannot know which instructed clients
+trained and charged their ledgers. Without more, the resumed mirror counts the
+round for every one of them: an upper bound, safe for privacy, but ALI-DPFL's
+step counter t follows the mirror, so a round that never left makes the run stop
+short of its budget.
+
+In a resumable private run each node's enrollment reply says what its ledger
+holds of its last round (`client.privacy.report_and_fence`), and fences off the
+dead server start's instructions, so the report stays true. The resume then
+counts the lost round for a partition unless its report proves the round was not
+charged: the node's ledger belongs to this run (its lineage) and holds, for that
+round, exactly what the checkpoint's mirror holds already. Anything else (no
+report, another lineage, a malformed or unexpected one) counts the round, as
+before.
+
+Trust: the report concerns the node's own privacy, and the node's own ledger
+enforces its budget whatever it reports; a node that understates its charges
+only makes the server's report of its own epsilon too low.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from common.privacy.events import LedgerEntry
+
+
+@dataclass(frozen=True)
+class LedgerTail:
+    """A node's report at enrollment: its ledger's lineage ("" if unbound), last round (-1: none) and that
+    round's entries."""
+    lineage: str
+    last_round: int
+    entries: tuple[LedgerEntry, ...]
+
+
+def parse_tail(info: Mapping) -> LedgerTail | None:
+    """The report in an enrollment reply's config record, or None if it has none or a malformed one."""
+    lineage, last, entries = (info.get(k) for k in ("ledger-lineage", "ledger-last-round", "ledger-last-entries"))
+    if not isinstance(lineage, str) or isinstance(last, bool) or not isinstance(last, int) \
+            or not isinstance(entries, str):
+        return None
+    try:
+        parsed = tuple(LedgerEntry.from_json(e) for e in json.loads(entries))
+    except (ValueError, TypeError, KeyError, AttributeError):
+        return None
+    if last < -1 or any(e.round != last for e in parsed) or (last == -1) != (not parsed):
+        return None
+    return LedgerTail(lineage, last, parsed)
+
+
+def not_charged(tail: LedgerTail | None, lineage: str, known: Sequence[LedgerEntry],
+                lost: Sequence[LedgerEntry]) -> bool:
+    """Whether `tail` proves that its node did not charge `lost` (the interrupted round's planned entries),
+    given `known`, the entries the checkpoint's mirror holds for the node."""
+    rounds = {e.round for e in lost}
+    if tail is None or not lost or len(rounds) != 1 or None in rounds:
+        return False
+    (lost_round,) = rounds
+    if tail.lineage != lineage and (tail.lineage or tail.last_round != -1):
+        return False  # another start's ledger, or entries not bound to any start
+    if tail.last_round > lost_round:
+        return False  # a later round than any the server sent: cannot tell
+    held = list(tail.entries) if tail.last_round == lost_round else []
+    return _as_json(held) == _as_json(e for e in known if e.round == lost_round)
+
+
+def _as_json(entries) -> list[dict]:
+    return [e.to_json() for e in entries]
