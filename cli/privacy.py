@@ -36,10 +36,11 @@ def _common() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(add_help=False)
     p.add_argument("--delta", type=_finite, required=True, help="target delta")
     p.add_argument("--accountant", choices=ACCOUNTANTS, default="rdp", help="rdp (default) or pld")
-    p.add_argument("--conversion", choices=CONVERSIONS, default="balle",
+    p.add_argument("--conversion", choices=CONVERSIONS,
                    help="RDP -> (epsilon, delta) conversion (default balle; rdp only)")
-    p.add_argument("--orders", choices=tuple(ORDER_SETS), default=DEFAULT_ORDERS,
-                   help=f"RDP order grid (default {DEFAULT_ORDERS}; 'integer' = ALI-DPFL's 2..63,128,256,512)")
+    p.add_argument("--orders", choices=tuple(ORDER_SETS),
+                   help=f"RDP order grid (default {DEFAULT_ORDERS}; 'integer' = ALI-DPFL's 2..63,128,256,512; "
+                        "rdp only)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -99,9 +100,22 @@ def _emit(args: argparse.Namespace, key: str, value: float | int, text: str) -> 
     return 0
 
 
-def _fail(err: Exception) -> int:
+def _fail(err: Exception | str) -> int:
     print(f"privfed privacy: error: {err}", file=sys.stderr)
     return 2
+
+
+def _rdp_options(args: argparse.Namespace) -> str | None:
+    """Fill in --conversion and --orders for the RDP accountant; the error if given for PLD (which has
+    neither, so the answer would silently not be what was asked)."""
+    from common.privacy.accounting import DEFAULT_ORDERS
+
+    if args.accountant != "rdp":
+        given = [flag for flag, value in (("--conversion", args.conversion), ("--orders", args.orders)) if value]
+        verb = "apply" if len(given) > 1 else "applies"
+        return f"{' and '.join(given)} {verb} to --accountant rdp only (PLD has neither)" if given else None
+    args.conversion, args.orders = args.conversion or "balle", args.orders or DEFAULT_ORDERS
+    return None
 
 
 def _how(args: argparse.Namespace) -> str:
@@ -114,6 +128,8 @@ def _how(args: argparse.Namespace) -> str:
 def _run_epsilon(args: argparse.Namespace) -> int:
     from common.privacy import accounting
 
+    if problem := _rdp_options(args):
+        return _fail(problem)
     if args.steps < 0:  # the accountant would compose a negative count into epsilon 0
         return _fail(f"--steps must be >= 0; got {args.steps}")
     try:
@@ -129,6 +145,8 @@ def _run_epsilon(args: argparse.Namespace) -> int:
 def _run_sigma(args: argparse.Namespace) -> int:
     from common.privacy import accounting
 
+    if problem := _rdp_options(args):
+        return _fail(problem)
     try:
         sigma = accounting.calibrate_noise_multiplier(args.epsilon, args.delta, args.q, args.steps,
                                                       accountant=args.accountant, conversion=args.conversion,
@@ -144,6 +162,8 @@ def _run_sigma(args: argparse.Namespace) -> int:
 def _run_steps(args: argparse.Namespace) -> int:
     from common.privacy import accounting
 
+    if problem := _rdp_options(args):
+        return _fail(problem)
     try:
         steps = accounting.max_steps(args.epsilon, args.delta, args.q, args.sigma, accountant=args.accountant,
                                      conversion=args.conversion, orders=args.orders, search=args.search)

@@ -263,14 +263,31 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--engine", choices=ENGINES, default="inprocess",
                    help="inprocess (default: fast, one process) or simulation (flwr run)")
     p.add_argument("--seeds", help="comma-separated seeds: one run per seed, run-name suffixed -s<seed>")
-    p.add_argument("--workers", type=int, default=1,
+    p.add_argument("--workers", type=int,
                    help="in-process engine: client worker processes (default 1: clients run one after another)")
-    p.add_argument("--threads", type=int, default=1,
+    p.add_argument("--threads", type=int,
                    help="in-process engine: torch threads in this process (default 1; 0: leave torch's default)")
     p.add_argument("--results-dir", help="shorthand for --set results-dir=DIR")
-    p.add_argument("--timeout", type=float, default=24 * 3600, help="simulation engine: seconds before giving up")
+    p.add_argument("--timeout", type=float,
+                   help="simulation engine: seconds before giving up (default 86400)")
     p.add_argument("--quiet", action="store_true", help="no per-round lines, only the summary")
     p.set_defaults(func=main)
+
+
+ENGINE_OPTIONS = {"inprocess": {"workers": 1, "threads": 1}, "simulation": {"timeout": 24 * 3600.0}}
+
+
+def engine_options(args: argparse.Namespace) -> None:
+    """Fill in the chosen engine's options; ConfigError for an option of the other engine, which it would
+    silently ignore."""
+    from common.config import ConfigError
+
+    for engine, options in ENGINE_OPTIONS.items():
+        for name, default in options.items():
+            if getattr(args, name) is None:
+                setattr(args, name, default)
+            elif engine != args.engine:
+                raise ConfigError(f"--{name} applies to --engine {engine} only (this run: --engine {args.engine})")
 
 
 def error(command: str, err: BaseException | str, code: int = 2) -> int:
@@ -292,6 +309,7 @@ def main(args: argparse.Namespace) -> int:
             sets["results-dir"] = args.results_dir
         overrides = build_overrides(args.preset, sets)
         seeds = parse_seeds(args.seeds)
+        engine_options(args)
         if args.workers < 1:
             raise ConfigError(f"--workers must be >= 1, got {args.workers}")
         if args.threads < 0:

@@ -194,11 +194,32 @@ def test_suite_report_states_what_its_epsilon_is(capsys, tmp_path):
     assert "delta = 1e-05" in line and "add-remove" in line and "Poisson" in line
 
 
-@pytest.mark.parametrize("flag,value", [("--threads", "-1"), ("--timeout", "0"), ("--timeout", "nan")])
-def test_bad_run_flags_are_one_line(capsys, tmp_path, flag, value):
-    code, _, err = run(capsys, "run", "default", flag, value, "--results-dir", str(tmp_path), *TINY)
+@pytest.mark.parametrize("engine,flag,value", [("inprocess", "--threads", "-1"), ("simulation", "--timeout", "0"),
+                                               ("simulation", "--timeout", "nan")])
+def test_bad_run_flags_are_one_line(capsys, tmp_path, engine, flag, value):
+    code, _, err = run(capsys, "run", "default", "--engine", engine, flag, value, "--results-dir", str(tmp_path),
+                       *TINY)
     assert code == 2 and flag in err and one_line_error(err)
     assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("engine,flag,value", [("inprocess", "--timeout", "60"), ("simulation", "--workers", "2"),
+                                               ("simulation", "--threads", "2")])
+def test_an_option_of_the_other_engine_is_refused_not_ignored(capsys, tmp_path, engine, flag, value):
+    code, _, err = run(capsys, "run", "default", "--engine", engine, flag, value, "--results-dir", str(tmp_path),
+                       *TINY)
+    assert code == 2 and f"{flag} applies to --engine" in err and one_line_error(err)
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("extra", [["--conversion", "classic"], ["--orders", "integer"]])
+def test_rdp_options_with_the_pld_accountant_are_refused_not_ignored(capsys, extra):
+    code, out, err = run(capsys, "privacy", "epsilon", "--q", "0.01", "--sigma", "1.1", "--steps", "10",
+                         "--delta", "1e-5", "--accountant", "pld", *extra)
+    assert code == 2 and f"{extra[0]} applies to --accountant rdp only" in err and not out
+    code, out, _ = run(capsys, "privacy", "epsilon", "--q", "0.01", "--sigma", "1.1", "--steps", "10",
+                       "--delta", "1e-5", *extra, "--json")
+    assert code == 0 and json.loads(out)[extra[0].removeprefix("--")] == extra[1]
 
 
 def test_config_errors_name_only_real_keys():
