@@ -86,7 +86,7 @@ from common.checkpoint_file import (JOURNAL_START, UNREADABLE, CheckpointError, 
 from common.config import ConfigError
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
-from server.lost_round import LedgerTail, not_charged
+from server.lost_round import LedgerTail, empty_but_counted, not_charged
 from server.replies import arrays_problem
 from server.strategies.chain import wrapper_chain
 
@@ -325,6 +325,12 @@ class Checkpointer:
         done = int(ckpt["round"])
         self.log(f"resuming run {self.config['run-name']!r} from {self.path}: round {done} done, "
                  f"next round {done + 1}")
+        moved = [p for p, ledger in mirror.ledgers.items() if empty_but_counted(self._tails.get(p), ledger.entries)]
+        if moved:
+            self.log(f"WARNING: the nodes of partitions {moved} report empty privacy ledgers, but the checkpoint "
+                     "counts charges for them: if a node's state-dir moved (state-dir, results-dir, "
+                     "PRIVFED_STATE_DIR), its own ledger no longer holds its charges and enforces its budget "
+                     "only from now on (the server's report still counts them)")
         if self._charge_lost_round(done, mirror):
             self.save(done, ckpt["model"], strategy, mirror, writer)  # the charge survives a second crash
         return ckpt["model"], done + 1

@@ -30,6 +30,16 @@ from typing import Mapping, Sequence
 from common.privacy.events import LedgerEntry
 
 
+MAX_REPORT = 1 << 16  # characters of a report's entries: a round charges a few entries of ~200 each
+
+
+def empty_but_counted(tail: LedgerTail | None, known: Sequence[LedgerEntry]) -> bool:
+    """A node reports an empty ledger bound to no start while the checkpoint's mirror counts entries for its
+    partition: either it never received an instruction (they timed out), or its ledger moved (another
+    state-dir), and then its own ledger no longer enforces its budget."""
+    return tail is not None and not tail.lineage and tail.last_round == -1 and bool(known)
+
+
 @dataclass(frozen=True)
 class LedgerTail:
     """A node's report at enrollment: its ledger's lineage ("" if unbound), last round (-1: none) and that
@@ -45,9 +55,11 @@ def parse_tail(info: Mapping) -> LedgerTail | None:
     if not isinstance(lineage, str) or isinstance(last, bool) or not isinstance(last, int) \
             or not isinstance(entries, str):
         return None
+    if len(entries) > MAX_REPORT:
+        return None
     try:
         parsed = tuple(LedgerEntry.from_json(e) for e in json.loads(entries))
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):  # deep nesting: RecursionError
         return None
     if last < -1 or any(e.round != last for e in parsed) or (last == -1) != (not parsed):
         return None
@@ -62,8 +74,8 @@ def not_charged(tail: LedgerTail | None, lineage: str, known: Sequence[LedgerEnt
     if tail is None or not lost or len(rounds) != 1 or None in rounds:
         return False
     (lost_round,) = rounds
-    if tail.lineage != lineage and (tail.lineage or tail.last_round != -1):
-        return False  # another start's ledger, or entries not bound to any start
+    if tail.lineage != lineage and (tail.lineage or tail.last_round != -1 or known):
+        return False  # another start's ledger, entries bound to no start, or not the ledger that charged `known`
     if tail.last_round > lost_round:
         return False  # a later round than any the server sent: cannot tell
     held = list(tail.entries) if tail.last_round == lost_round else []
