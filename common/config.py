@@ -151,8 +151,9 @@ SCHEMA: dict[str, Key] = {
                               "aggregate is a weighted sum (SECAGG_STRATEGIES)"),
     "secagg-bits": Key(32, "secure aggregation: masked words live mod 2^bits; 32: uint32 on the wire (the bytes "
                        "of float32), 64: uint64 with a much finer fixed-point step", choices=(32, 64)),
-    "secagg-clip": Key(1024.0, "secure aggregation: codec bound B on every encoded value: |w_i * (local - global)| "
-                       "per coordinate (w_i = examples / largest enrolled examples, <= 1) and |w_i * metric|; "
+    "secagg-clip": Key(1024.0, "secure aggregation: codec bound B (>= 1) on every encoded value: |w_i * (local - "
+                       "global)| per coordinate, w_i itself (examples / largest enrolled examples, <= 1) and "
+                       "|w_i * metric|; "
                        "a client with a value outside is dropped for the round, never wrapped", low=0.0,
                        low_open=True),
     "secagg-min-survivors": Key(2, "secure aggregation: fewest replies a round is decoded with (else the model "
@@ -224,10 +225,12 @@ SCHEMA: dict[str, Key] = {
                               "guarantee)", choices=("ball", "paper")),
     "objective-alpha": Key(10.0, "objective perturbation: alpha of the noise density exp(-alpha ||n||) "
                            "(larger: less noise)", low=0.0, low_open=True),
-    "objective-u1": Key(1.0, "objective perturbation, Thm 6.3 constant u1: bound on |l'| of the GLM loss "
-                        "(logistic loss: 1, with ||x|| <= 1); accounting only", low=0.0, low_open=True),
-    "objective-u2": Key(0.25, "objective perturbation, Thm 6.3 constant u2: bound on |l''| of the GLM loss "
-                        "(logistic loss: 1/4); accounting only; needs u2 <= 0.5 |D_i| mu", low=0.0),
+    "objective-u1": Key(2.0, "objective perturbation, Thm 6.3 constant u1: bound on the norm of one record's "
+                        "loss gradient (logreg, softmax cross-entropy with a bias, ||x|| <= 1: "
+                        "sqrt(2) sqrt(1 + ||x||^2) <= 2); accounting only", low=0.0, low_open=True),
+    "objective-u2": Key(1.0, "objective perturbation, Thm 6.3 constant u2: bound on the eigenvalues of one "
+                        "record's loss Hessian (logreg, ||x|| <= 1: (1 + ||x||^2) / 2 <= 1); accounting only; "
+                        "needs u2 <= 0.5 |D_i| mu", low=0.0),
     "local-steps": Key(0, "DP-SGD steps per round (privacy = dpsgd, which needs it > 0, except FedLAP); every "
                        "other local rule trains local-epochs and refuses local-steps > 0", low=0),
     "dp-sample-rate": Key(0.01, "DP-SGD Poisson sampling rate q (expected batch q*|D|)", low=0.0, high=1.0,
@@ -420,6 +423,10 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                           "paper's plain SGD)")
     if v["upcycled"] and v["strategy"] in NOT_UPCYCLED:
         raise ConfigError(f"strategy {v['strategy']!r} cannot run with upcycled = true: {NOT_UPCYCLED[v['strategy']]}")
+    if v["upcycled"] and v["upcycled-lambda"] > 0 and v["upcycled-mu"] == 0:
+        raise ConfigError("upcycled-lambda > 0 with upcycled-mu = 0 makes theta_m = mu/(mu+lambda_m) = 0 on every "
+                          "even round: the Upcycled run would silently be the vanilla one with twice the rounds; "
+                          "set upcycled-mu > 0 (Algorithm 1's mu), or upcycled-lambda = 0 and upcycled-theta")
     _check_privacy_mechanism(v)  # declared, and (replacing the base rule) for the strategies it declares
     if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] != "fedlap":
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
@@ -539,6 +546,10 @@ def _check_secure_aggregation(v: Mapping[str, Scalar]) -> None:
     if v["secagg-min-survivors"] > v["num-clients"]:
         raise ConfigError(f"secagg-min-survivors = {v['secagg-min-survivors']} exceeds num-clients = "
                           f"{v['num-clients']}")
+    if v["secagg-clip"] < 1:
+        raise ConfigError(f"secagg-clip = {v['secagg-clip']} is below 1: each client's weight w_i (examples / "
+                          "largest enrolled examples, up to 1) is encoded under the same bound, so the largest "
+                          "client could never reply; set secagg-clip >= 1")
     limit = (1 << (v["secagg-bits"] - 1)) - 1
     if v["num-clients"] * round(v["secagg-clip"]) > limit:
         raise ConfigError(

@@ -43,11 +43,11 @@ def test_output_entry_paper_and_ball():
 
 def test_objective_entry_is_thm63():
     cfg = validate({**SMALL, "strategy": "fedprox", "prox-mu": 0.5, "privacy": "objective",
-                    "objective-alpha": 20.0, "objective-u1": 1.0, "objective-u2": 0.25})
+                    "objective-alpha": 20.0})  # the default constants: u1 = 2, u2 = 1
     (entry,) = planned_entries(cfg, instruction(5, 3), dataset_size=100)
     assert entry.kind == "pure" and entry.round == 5
-    assert entry.params["epsilon"] == pytest.approx((2 * 20 * 1.0 * 0.5 + 2.8 * 0.25) / (100 * 0.5))
-    assert entry.params["epsilon"] == pytest.approx(upcycled_objective_epsilon([20.0], 1.0, 0.25, 0.5, 100))
+    assert entry.params["epsilon"] == pytest.approx((2 * 20 * 2.0 * 0.5 + 2.8 * 1.0) / (100 * 0.5))
+    assert entry.params["epsilon"] == pytest.approx(upcycled_objective_epsilon([20.0], 2.0, 1.0, 0.5, 100))
 
 
 def test_config_refuses_unaccountable_combinations():

@@ -304,3 +304,12 @@ def test_feddyn_server_formula():
         h = -0.1 * sum(w - x[k].numpy() for w in ws) / 3
         np.testing.assert_allclose(base.h[k], h, rtol=1e-6)
         np.testing.assert_allclose(new[k].numpy(), sum(ws) / 2 - h / 0.1, rtol=1e-5, atol=1e-6)
+
+
+def test_a_lambda_schedule_with_mu_zero_is_refused_not_silently_vanilla():
+    """theta_m = mu/(mu+lambda_m) = 0 for mu = 0: every even round would copy the model (reviewer's finding)."""
+    from common.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match="upcycled-mu > 0"):
+        validate({"strategy": "fedavg", "upcycled": True, "upcycled-lambda": 1.0, "upcycled-mu": 0.0})
+    assert validate({"strategy": "fedavg", "upcycled": True, "upcycled-lambda": 1.0, "upcycled-mu": 0.5})

@@ -159,8 +159,9 @@ OUTPUT_SENSITIVITY_RULES = ("paper", "ball")
 # formula applied as the paper applies it). Reports print it: such an epsilon is not a guarantee.
 THM62_ASSUMPTION = ("Upcycled-FL Thm 6.2's sensitivity tau/|D_i| (the clipped model modelled as an average of "
                     "per-record terms; clipping does not enforce it: output-sensitivity = 'ball' does)")
-THM63_ASSUMPTION = ("Upcycled-FL Thm 6.3's conditions (a binary GLM loss with ||x|| <= 1, |l'| <= u1, |l''| <= u2, "
-                    "the exact minimiser), which privfed does not verify on the data or the training")
+THM63_ASSUMPTION = ("Upcycled-FL Thm 6.3's conditions (||x|| <= 1, one record's loss gradient norm < u1 and "
+                    "Hessian eigenvalues <= u2, a GLM whose Hessian difference has rank <= 2 (a C-class softmax: up "
+                    "to 2(C-1)), the exact minimiser), which privfed does not verify on the data or the training")
 FEDLAP_LABELS_ASSUMPTION = ("FedLAP-DP's public label sets (the paper's assumption: the server knows each client's "
                             "classes); the classes a client holds are released with its synthetic set, outside this "
                             "accounting")

@@ -99,8 +99,8 @@ def main(argv=None) -> int:
             "ball_rdp_max", "leaking_rounds"]
     lines = [f"# upcycled-privacy: epsilon beside final accuracy and loss (delta = {args.delta:g})", "",
              "Mean over seeds. eps mean/max: over the 30 clients (mean = the paper's eps-bar). paper: Thm 6.2 "
-             "closed form (output) / Thm 6.3 pure-DP sum (objective, u1 = 1, u2 = 1/4; the theorem's "
-             "||x|| <= 1 does not hold on the unnormalised Syn data). ball: RDP with sensitivity 2 tau "
+             "closed form (output) / Thm 6.3 pure-DP sum (objective, the runs' u1 and u2, by default 2 and 1; "
+             "the theorem's ||x|| <= 1 does not hold on the unnormalised Syn data). ball: RDP with sensitivity 2 tau "
              "(honest, any two datasets); the other output columns use the paper's tau/|D_i|.", "",
              "| row | column | seeds | acc % | loss | leaking rounds | RDP mean | RDP max | PLD mean | PLD max | "
              "paper mean | paper max | ball RDP max |", "|" + "---|" * 13]
