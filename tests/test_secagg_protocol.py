@@ -64,17 +64,20 @@ def make_updates(clients, d, rng, scale=1.0):
     return ups
 
 
-def plain_sums(ups, nodes):
-    """float64 reference: sum w*u (float64 product, as the client computes it), sum w, sum metrics."""
-    ws = sum(ups[i][1] * ups[i][0].astype(np.float64) for i in nodes)
-    tw = sum(ups[i][1] for i in nodes)
+def plain_sums(ups, nodes, params):
+    """float64 reference: sum w*u (float64 product, as the client computes it), sum w, sum metrics, with
+    each weight on the codec's grid 2^-f first, as the client rounds it (so the mean is a weighted mean)."""
+    scale = params.codec.scale
+    w = {i: round(ups[i][1] * scale) / scale for i in nodes}
+    ws = sum(w[i] * ups[i][0].astype(np.float64) for i in nodes)
+    tw = sum(w.values())
     mets = {k: sum(ups[i][2][k] for i in nodes) for k in ("acc", "loss")}
-    mag = sum(np.abs(ups[i][1] * ups[i][0].astype(np.float64)) for i in nodes)
+    mag = sum(np.abs(w[i] * ups[i][0].astype(np.float64)) for i in nodes)
     return ws, tw, mets, mag
 
 
 def assert_matches(res, ups, nodes, params):
-    ws, tw, mets, mag = plain_sums(ups, nodes)
+    ws, tw, mets, mag = plain_sums(ups, nodes, params)
     n = len(nodes)
     bound = params.codec.sum_error_bound(n, 0.0) + 2.0**-50 * mag  # + float64 rounding of both sums
     assert np.all(np.abs(res.weighted_sum - ws) <= bound)
@@ -115,7 +118,7 @@ def test_decoded_sum_equals_plain_weighted_sum(name):
         res = run_round(server, clients, ups, rnd)
         assert res.dropped == () and res.round == rnd
         assert_matches(res, ups, list(clients), params)
-        ws, tw, _, _ = plain_sums(ups, list(clients))
+        ws, tw, _, _ = plain_sums(ups, list(clients), params)
         np.testing.assert_allclose(res.weighted_mean(), ws / tw, atol=1e-6)
         assert server.phase is Phase.DONE
         assert server.result() is res  # idempotent
@@ -160,7 +163,7 @@ def test_masks_cancel_only_between_nodes_told_the_same_announcement():
             res = round_with(lambda i, sel: b"B" * 32 if i == sel[-1] else b"A" * 32, gone)
         except (RoundAborted, ProtocolError):
             continue  # undecodable: also no update learned
-        ws, _, _, _ = plain_sums(ups, survivors)
+        ws, _, _, _ = plain_sums(ups, survivors, PARAMS["default64"])
         assert np.abs(res.weighted_sum - ws).max() > 1e6  # uniform words: nothing of the update survives
 
 

@@ -40,9 +40,11 @@ weight * update with example-count weights). `CodecParams.compact()` is the
 largest f that fits (f = 16, error 7.6e-6 per value); `CodecParams.fit` picks
 f for any (k, B, n_max).
 
-In the protocol the encoded vector is x_i = [w_i * u_i, w_i, metrics_i], so B
-bounds |weight * update| (and the weight and metric values), and the error of
-the weighted mean sum(w u) / sum(w) is at most the sum bound / sum(w).
+In the protocol the encoded vector is x_i = [w_i * u_i, w_i, metrics_i], with
+w_i rounded to the step 2^-f first (so sum(w) decodes exactly), so B bounds
+|weight * update| (and the weight, hence B >= 1 for weights up to 1, and the
+metric values), and the weighted mean sum(w u) / sum(w) with those weights is
+within the sum bound / sum(w).
 """
 
 from __future__ import annotations

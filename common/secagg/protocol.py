@@ -402,6 +402,9 @@ class SecAggClient:
         d = v.shape[0]
         length = d + 1 + len(keys)
         scale = np.float64(self.params.codec.scale)
+        # w on the codec's grid first: the weight slot is then exact and the same w multiplies u, so the
+        # decoded sum(w u) / sum(w) is the weighted mean with these weights, within the sum bound / sum(w)
+        w = float(np.rint(w * scale) / scale)
         x = np.empty(length, dtype=np.float64)  # [w*u, w, metrics] * 2^f (exact power-of-two scaling)
         np.multiply(v, np.float64(w) * scale, out=x[:d], casting="unsafe")
         x[d] = w * scale
