@@ -3,16 +3,12 @@ session 17)."""
 
 import pytest
 
-import client.node
 from client.privacy import ledger_path
 from common.checkpoint_file import CheckpointError
 from common.privacy.events import dpsgd_steps
 from common.privacy.ledger import PrivacyLedger
-from server.inprocess_grid import InProcessGrid
 from server.lost_round import LedgerTail, not_charged, parse_tail
-from server.runner import run_federation
-from tests.test_ali_budget_state import CLIENTS, ali_config, rows_of
-from fault_grids import DiesAfter, Killed
+from tests.test_ali_budget_state import CLIENTS, ali_config, rows_of, run
 
 LINEAGE = "ab12"
 
@@ -30,15 +26,6 @@ def test_an_empty_unbound_ledger_proves_nothing_when_the_mirror_holds_earlier_ro
     assert not not_charged(LedgerTail("", -1, ()), LINEAGE, known, [steps(3, 3)])
 
 
-def _run(cfg, run_id, die_after=None, after_replies=False):
-    client.node._local.clear()
-    with InProcessGrid("client.app:app", dict(cfg), CLIENTS, run_id=run_id) as grid:
-        if die_after is None:
-            return run_federation(grid, cfg)
-        with pytest.raises(Killed):
-            run_federation(DiesAfter(grid, die_after, after_replies), cfg)
-
-
 @pytest.mark.timeout(180)
 def test_a_resume_that_opens_empty_ledgers_still_counts_the_round_the_old_ledgers_charged(tmp_path, monkeypatch,
                                                                                           capsys):
@@ -53,13 +40,13 @@ def test_a_resume_that_opens_empty_ledgers_still_counts_the_round_the_old_ledger
     base = {"dp-noise-seed": "run-seed", "state-dir": "", "checkpoint-dir": str(tmp_path / "ckpt")}
     first = ali_config(tmp_path, steps_budget=13, rounds=4, checkpoint=True,
                        **{**base, "results-dir": str(tmp_path / "A")})
-    _run(first, run_id=1, die_after=2, after_replies=True)
+    run(first, run_id=1, die_after=2, after_replies=True)
     old = [PrivacyLedger.load(ledger_path(first, {}, 1, p)) for p in range(CLIENTS)]
     assert all(lg.rounds() == [1, 2] for lg in old)  # round 2 charged, not checkpointed
     second = ali_config(tmp_path, steps_budget=13, rounds=4, checkpoint=True,
                         **{**base, "results-dir": str(tmp_path / "B")})
     try:
-        results = _run(second, run_id=2)
+        results = run(second, run_id=2)
     except CheckpointError:
         return  # refusing to resume onto other ledgers is a fix too
     assert "report empty privacy ledgers, but the checkpoint counts charges" in capsys.readouterr().out

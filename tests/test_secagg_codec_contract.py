@@ -8,18 +8,8 @@ import pytest
 
 from client.secagg import secagg_params
 from common.config import ConfigError, validate
-from common.secagg import CodecParams, CodecRangeError, SecAggClient, SecAggParams, SecAggServer
-
-
-def _federation(params: SecAggParams, ids, run=5):
-    server = SecAggServer(run, params)
-    clients = {i: SecAggClient(run, i, params) for i in ids}
-    for c in clients.values():
-        server.enroll(c.enroll_request())
-    directory = server.directory()
-    for c in clients.values():
-        c.on_directory(directory)
-    return server, clients
+from common.secagg import CodecParams, CodecRangeError, SecAggParams
+from tests.test_secagg_protocol import federation
 
 
 def test_weighted_mean_is_within_the_documented_bound():
@@ -29,12 +19,12 @@ def test_weighted_mean_is_within_the_documented_bound():
     (w * 2^16 has fraction 0.4375) gave a mean off by 3.4e-3, the documented bound 7.6e-6."""
     params = SecAggParams(CodecParams.compact(clip=1024.0, max_clients=16), min_survivors=2)
     step = 1.0 / params.codec.scale
-    ids = list(range(1, 11))
-    server, clients = _federation(params, ids)
+    server, clients = federation(10, params)
+    ids = sorted(clients)
     rng = np.random.default_rng(0)
-    weights = {i: (1 + 7 * 2.0**-20 if i % 2 else float(rng.uniform(0.1, 1.0))) for i in ids}
+    weights = {i: (1 + 7 * 2.0**-20 if k % 2 else float(rng.uniform(0.1, 1.0))) for k, i in enumerate(ids)}
     updates = {i: rng.uniform(-512, 512, 100) for i in ids}
-    updates[1] = np.full(100, 512.0)
+    updates[ids[0]] = np.full(100, 512.0)
     server.start_round(1, ids)
     for i in ids:
         server.receive(clients[i].masked_update(1, ids, updates[i], weights[i]))
@@ -62,10 +52,10 @@ def test_codec_bound_below_one_still_admits_the_largest_client():
     except ConfigError:
         return  # refused up front: fine
     params = secagg_params(config)
-    ids = [11, 22, 33, 44]
-    _, clients = _federation(params, ids)
+    _, clients = federation(4, params)
+    ids = sorted(clients)
     delta = np.full(50, 1e-3)  # far inside the bound
     try:
-        clients[11].masked_update(1, ids, delta, 1.0)  # the largest client: w = n_i / max n = 1
+        clients[ids[0]].masked_update(1, ids, delta, 1.0)  # the largest client: w = n_i / max n = 1
     except CodecRangeError as exc:
         pytest.fail(f"a tiny update of the largest client cannot be encoded under secagg-clip = 0.5: {exc}")
