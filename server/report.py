@@ -116,8 +116,11 @@ def epsilon_note(summary: Mapping[str, Any]) -> str | None:
         sampling = "no amplification by sampling"
     assumptions = sorted({a for ledger in privacy.get("ledgers", {}).values() for a in ledger.get("assumptions", [])})
     caveat = f". NOT A GUARANTEE of this run: it assumes {'; and '.join(assumptions)}" if assumptions else ""
-    return (f"epsilon: max over clients of record-level (epsilon, delta)-DP at delta = {privacy['delta']:g} "
-            f"({privacy.get('accountant')} accountant); neighbouring relation: "
+    if config.get("privacy") == "objective":  # pure entries only: no accountant composes them
+        guarantee = "pure epsilon-DP (delta = 0), basic composition of the per-round releases"
+    else:
+        guarantee = f"(epsilon, delta)-DP at delta = {privacy['delta']:g} ({privacy.get('accountant')} accountant)"
+    return (f"epsilon: max over clients of record-level {guarantee}; neighbouring relation: "
             f"{', '.join(relations) or 'none recorded'}; {sampling}{caveat}")
 
 

@@ -70,8 +70,9 @@ def node_state_folder(config: RunConfig, grid: Grid) -> str:
 
 
 def extra_train_metrics(metrics) -> dict:
-    """Aggregated train metrics besides the loss (e.g. pFedMe's personal-accuracy), as train_<name>."""
-    skip = {"train-loss", "num-examples"}
+    """Aggregated train metrics besides the loss (e.g. pFedMe's personal-accuracy), as train_<name>. Not the
+    clients' epsilon and dp-steps: their examples-weighted mean is nobody's (the mirror's rows have max and mean)."""
+    skip = {"train-loss", "num-examples", "epsilon", "dp-steps"}
     return {f"train_{k.replace('-', '_')}": v for k, v in (metrics or {}).items()
             if k not in skip and isinstance(v, (int, float))}
 

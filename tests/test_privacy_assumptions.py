@@ -107,4 +107,7 @@ def test_hu_paper_accountant_outside_thm1_condition_is_refused_or_labelled():
     assert "m/gamma divides tau" in entry.params["assumption"]
     whole_epochs = validate({**dict(config), "batch-size": 1221})
     (entry,) = hu_entries(whole_epochs, {"hu-sigma": 1.0, "server-round": 1, "hu-clients-per-round": 10}, 2442)
-    assert "assumption" not in entry.params  # m/gamma = 2 divides tau = 2: Thm 1 applies
+    # m/gamma = 2 divides tau = 2: Thm 1 applies; its /r credit for secure aggregation is still an assumption
+    assert "m/gamma divides tau" not in entry.params["assumption"] and "rho / r" in entry.params["assumption"]
+    (entry,) = hu_entries(whole_epochs, {"hu-sigma": 1.0, "server-round": 1, "hu-clients-per-round": 1}, 2442)
+    assert "assumption" not in entry.params  # no credit taken: nothing assumed

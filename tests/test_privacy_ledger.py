@@ -81,7 +81,9 @@ def test_pure_entries_are_on_their_own_line():
            for r in (1, 3)]
     per = (2 * 20 * 1.0 * 0.5 + 2.8 * 0.25) / (224 * 0.5)
     assert obj[0].params["epsilon"] == pytest.approx(per)
-    ledger = PrivacyLedger([*obj, dpsgd_steps(0.02, 1.0, 100)])
+    # beside DP-SGD (add/remove) as pure entries of that relation: objective perturbation's are replace-one
+    ledger = PrivacyLedger([*(pure_dp_release(e.params["epsilon"], relation="add-remove") for e in obj),
+                            dpsgd_steps(0.02, 1.0, 100)])
     for name in ("rdp", "pld"):
         rep = ledger.report(DELTA, name)
         assert rep.pure == pytest.approx(2 * per)
@@ -95,7 +97,7 @@ def test_pure_entries_are_on_their_own_line():
 
 
 def test_paper_accountants_refuse_foreign_entries():
-    ledger = PrivacyLedger([dpsgd_steps(0.02, 1.0, 10), zcdp_release(0.1)])
+    ledger = PrivacyLedger([dpsgd_steps(0.02, 1.0, 10), zcdp_release(0.1, relation="add-remove")])
     with pytest.raises(ValueError, match="covers"):
         ledger.epsilon(DELTA, "ali-eq12")
     with pytest.raises(ValueError, match="accountant"):
@@ -131,8 +133,8 @@ def _mixed_ledger(path=None):
         post_processing(round=1, note="synthesis"),
         output_perturbation_release(10.0, 0.8, 224, round=3),
         gaussian_release(1.3, 0.1, count=3, relation="any", round=5),
-        zcdp_release(0.0123456789, round=7),
-        pure_dp_release(0.1 + 0.2, round=9),  # a float with no short exact decimal
+        zcdp_release(0.0123456789, relation="add-remove", round=7),  # one relation: a ledger composes no two
+        pure_dp_release(0.1 + 0.2, relation="add-remove", round=9),  # a float with no short exact decimal
     )
     return ledger
 
@@ -206,8 +208,16 @@ def test_killed_and_restarted_client_keeps_its_ledger(tmp_path):
 def test_summary_lines_mention_relations_and_accountants():
     lines = _mixed_ledger().summary_lines(DELTA)
     text = "\n".join(lines)
-    assert "add-remove" in text and "replace-one" in text
+    assert "add-remove" in text and "any" in text
     assert "epsilon [rdp/balle]" in text
     assert "epsilon [pld]: n/a" in text  # the bare zCDP entry
     assert "pure-DP entries" in text
     assert math.isfinite(_mixed_ledger().epsilon(DELTA))
+
+
+def test_two_neighbouring_relations_give_no_epsilon_but_a_readable_summary():
+    ledger = PrivacyLedger([dpsgd_steps(0.02, 1.0, 10), zcdp_release(0.1)])  # add-remove and replace-one
+    with pytest.raises(ValueError, match="different neighbouring relations"):
+        ledger.epsilon(DELTA)
+    text = "\n".join(ledger.summary_lines(DELTA))
+    assert "epsilon [rdp]: n/a" in text and "add-remove, replace-one" in text

@@ -60,17 +60,25 @@ def calibrate_sigma(accountant: str, epsilon: float, delta: float, participation
     return math.sqrt(int(participations) * rho_coefficient(accountant, **kw) / target) * (1 + 1e-10)
 
 
-def paper_assumption(accountant: str, dataset_size: int, batch_size: int, local_steps: int) -> str | None:
-    """What the 'paper' accountants' rho assumes and this run does not meet (None: nothing; see
+SECAGG_CREDIT = ("Hu et al.'s secure-aggregation credit rho / r (heuristic: it counts the noise of all r selected "
+                 "clients as hiding each one's update, so it needs that none colludes with the server and each "
+                 "adds its noise honestly; a curious selected client knows its own)")
+
+
+def paper_assumption(accountant: str, dataset_size: int, batch_size: int, local_steps: int,
+                     clients_per_round: int = 1) -> str | None:
+    """What the 'paper' accountants' rho assumes and this run does not meet or enforce (None: nothing; see
     events.py): Thm 1 needs whole epochs, m/gamma dividing tau (else one step alone costs more than its
-    rho); the DP-DSGD formula is applied as printed (its /n credit is not derived)."""
+    rho), and its /r credit for secure aggregation is heuristic; the DP-DSGD formula is applied as printed
+    (its /n credit is not derived)."""
     m, gamma, tau = int(dataset_size), int(batch_size), int(local_steps)
-    if accountant == "paper" and (m % gamma or tau % (m // gamma)):
-        return (f"Hu et al. Thm 1's condition that m/gamma divides tau (m = {m}, gamma = {gamma}, tau = {tau}: "
-                "not met, and one step alone costs more than the rho charged)")
     if accountant == "paper-dsgd":
         return "the DP-DSGD baseline's epsilon formula as Hu et al. print it (its 1/n credit is not derived)"
-    return None
+    if accountant != "paper":
+        return None
+    unmet = [f"Hu et al. Thm 1's condition that m/gamma divides tau (m = {m}, gamma = {gamma}, tau = {tau}: not "
+             "met, and one step alone costs more than the rho charged)"] if m % gamma or tau % (m // gamma) else []
+    return "; ".join(unmet + ([SECAGG_CREDIT] if clients_per_round > 1 else [])) or None
 
 
 def hu_entries(config: Mapping[str, Any], instruction: Mapping[str, Any], dataset_size: int) -> list[LedgerEntry]:
@@ -89,7 +97,7 @@ def hu_entries(config: Mapping[str, Any], instruction: Mapping[str, Any], datase
     entry = zcdp_release(rho, round=server_round, mechanism="hu-dp-fedavg", accountant=accountant, sigma=sigma,
                          local_steps=tau, clip=clip, batch_size=gamma, dataset_size=int(dataset_size),
                          clients_per_round=r, **{"train-round": train_round})
-    assumption = paper_assumption(accountant, int(dataset_size), gamma, tau)
+    assumption = paper_assumption(accountant, int(dataset_size), gamma, tau, r)
     if assumption:
         entry = LedgerEntry(entry.kind, {**entry.params, "assumption": assumption}, entry.round, entry.meta)
     return [entry]

@@ -215,6 +215,11 @@ class PrivacyLedger:
         without recording them), by `accountant`: 'rdp' (with `conversion`
         'classic'|'balle' and `orders`), 'pld', or a name in PAPER_ACCOUNTANTS."""
         tally = self._tally.plus(extra)
+        mixed = sorted(set(tally.relations) - {"any"})  # 'any' (two arbitrary datasets) implies every relation
+        if len(mixed) > 1:
+            raise ValueError(f"this ledger holds guarantees under different neighbouring relations "
+                             f"({', '.join(mixed)}): no single epsilon composes them (each bound says nothing "
+                             "under the other relation)")
         pure = math.fsum(tally.pure)
         conv: str | None = conversion if accountant == "rdp" else None
         if accountant in PAPER_ACCOUNTANTS:

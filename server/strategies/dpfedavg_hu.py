@@ -82,7 +82,7 @@ class DpFedAvgHu(FedAvg):
             f"{', secure-aggregation credit' if self.secure and self.accountant == 'paper' else ''}); "
             f"participations C_i in {min(self.schedule.values())}..{max(self.schedule.values())}; "
             f"planned epsilon {planned:.4f} at delta {self.delta:g}")
-        assumptions = {paper_assumption(self.accountant, roster.num_examples[p], self.gamma, self.tau)
+        assumptions = {paper_assumption(self.accountant, roster.num_examples[p], self.gamma, self.tau, self.credited)
                        for p in roster.partitions} - {None}
         for text in sorted(assumptions):
             log(f"DP-FedAvg (Hu et al.): this epsilon is NOT A GUARANTEE: it assumes {text}")
