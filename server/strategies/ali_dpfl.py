@@ -1,18 +1,21 @@
 """ALI-DPFL (Ling et al.): DP-FedAvg whose number of local DP-SGD iterations
 tau* is planned by the server every round (Eq. 9) and broadcast with the model.
 
-Per round k (1-based), with t = DP-SGD steps each client has run so far:
+Per round k (1-based), with t_i = DP-SGD steps client i has run so far:
 1. tau_k = `plan_round` (common/privacy/ali.py): 1 when R_s >= R_c (Lemma 1);
    else the current tau* (the first round: `ali-tau-init`), raised with
-   `ali-spend-budget` to ceil((R_c - t) / rounds left), capped at R_c - t.
-   tau_k goes out as the instruction's `local-steps`: the client runs exactly
-   that many DP-SGD steps and charges its ledger for them (client/updates/dpsgd.py).
+   `ali-spend-budget` to ceil((R_c - t_i) / rounds left), capped at R_c - t_i.
+   The t_i are equal unless a fault made them differ (a lost round only some
+   charged, a node secure aggregation left out); each client is planned from
+   its own. tau_k goes out as the instruction's `local-steps`: the client runs
+   exactly that many DP-SGD steps and charges its ledger for them
+   (client/updates/dpsgd.py).
 2. Aggregate (FedAvg, weights |D_i|), then estimate mu (server/ali_mu.py) and
    compute tau* for the next round by Eq. 9 with T = min(R_s * tau*_prev, R_c),
    d = number of model parameters, B-hat = max(1, min_i q |D_i|); round half up,
    clamp to [1, ali-tau-max].
-3. When t reaches R_c every partition is retired: the runner then ends the run
-   (no client can train within its budget). num-rounds = R_s bounds the rounds.
+3. A client whose t_i reaches R_c is retired; the runner ends the run when none
+   is left (no client can train within its budget). num-rounds = R_s bounds the rounds.
 
 R_c comes from the same accountant the client ledgers enforce (`accountant`;
 `ali-eq12` is the paper's), by exact search: the plan never asks for a step the
@@ -31,7 +34,7 @@ from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 from client.privacy import BUDGET_EXHAUSTED
 from common.privacy import ali
 from common.privacy.plan import ali_iteration_budget
-from common.records import ARRAYS, METRICS, arrays_to_vector
+from common.records import ARRAYS, CONFIG, METRICS, arrays_to_vector
 from server.ali_mu import GRAD_DIFF_METRIC, PAPER_WARNING, SecantMu, paper_mu
 from server.roster import Roster
 from server.strategies.fedavg import FedAvg
@@ -64,8 +67,8 @@ class AliDpfl(FedAvg):
         self.steps = {p: 0 for p in roster.partitions}  # t per client (= its ledger's steps)
         self.mu: float | None = None
         self.num_params: int | None = None
-        self._tau = 0
-        self._round_sent: list[int] = []
+        self._tau = 0  # the round's largest tau (its row's ali_tau)
+        self._taus: dict[int, int] = {}  # partition -> the tau it was instructed this round
         self._w_start = None
         self._row: dict = {}
         self.history: list[dict] = []
@@ -77,10 +80,6 @@ class AliDpfl(FedAvg):
             log("WARNING: " + PAPER_WARNING)
 
     # -- planning ---------------------------------------------------------------------------
-    def steps_done(self) -> int:
-        active = self.active_partitions()
-        return max((self.steps[p] for p in active), default=self.rc)
-
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         out = super().round_config(server_round, config)
         out["local-steps"] = self._tau
@@ -90,24 +89,34 @@ class AliDpfl(FedAvg):
                         grid: Grid) -> Iterable[Message]:
         if self.num_params is None:
             self.num_params = sum(a.numpy().size for a in arrays.values())
-        t = self.steps_done()
-        self._tau = ali.plan_round(self.tau_star, t, server_round, self.rounds, self.rc, self.spend_budget)
+        # one tau* for all, each client's cap and budget floor from its own t: they differ only after a fault
+        # (a lost round some charged, a node secure aggregation left out), and a common plan from the
+        # largest t would stop the others short of their budget
+        plan = {p: ali.plan_round(self.tau_star, self.steps[p], server_round, self.rounds, self.rc,
+                                  self.spend_budget) for p in self.active_partitions()}
+        for p in [p for p, tau in plan.items() if tau == 0]:
+            self.retire(p)
+        self._tau = max(plan.values(), default=0)
         self._row = {"ali_tau": self._tau, "ali_rc": self.rc}
+        self._taus = {}
         if self._tau == 0:
             self._retire_all()
             return []
         self._w_start = arrays_to_vector(arrays)
         messages = list(super().configure_train(server_round, arrays, config, grid))
-        self._round_sent = [self._partition_of[m.metadata.dst_node_id] for m in messages]
-        for p in self._round_sent:
-            self.steps[p] += self._tau
+        for m in messages:
+            p = self._partition_of[m.metadata.dst_node_id]
+            self._taus[p] = plan[p]
+            if plan[p] != self._tau:
+                m.content[CONFIG] = ConfigRecord({**m.content[CONFIG], "local-steps": plan[p]})
+            self.steps[p] += plan[p]
         return messages
 
     def not_sent(self, partitions: list[int]) -> None:
         """The runner: secure aggregation left these instructed partitions out of the round (not enrolled,
         excluded, or too few usable nodes to start it), so they ran and charged nothing."""
         for p in partitions:
-            self.steps[p] -= self._tau
+            self.steps[p] -= self._taus.pop(p, 0)
 
     def _retire_all(self) -> None:
         for p in self.roster.partitions:
@@ -121,7 +130,8 @@ class AliDpfl(FedAvg):
         grad_diffs = _grad_diffs(replies) if self.estimator == "paper" else {}
         for r in replies:  # a refusal spent nothing (the runner retires that client)
             if r.has_error() and r.error.code == BUDGET_EXHAUSTED:
-                self.steps[self._partition_of[r.metadata.src_node_id]] -= self._tau
+                self.steps[self._partition_of[r.metadata.src_node_id]] -= self._taus.pop(
+                    self._partition_of[r.metadata.src_node_id], 0)
         good = self.screened(replies)
         arrays, metrics = FlowerFedAvg.aggregate_train(self, server_round, good)
         raw = None
@@ -135,15 +145,18 @@ class AliDpfl(FedAvg):
         if self.rounds < self.rc and self.mu is not None:
             eq9 = ali.optimal_tau(self.mu, self.clip, self.gamma, horizon, self.sigma, self.num_params, self.b_hat)
             self.tau_star = ali.round_tau(eq9, self.tau_max)
-        t = max(self.steps.values(), default=0)  # steps_done() is R_c once every client is retired
+        t = max(self.steps.values(), default=0)
         self._row.update(ali_mu_raw=raw, ali_mu=self.mu, ali_T=horizon, ali_eq9=eq9, ali_tau_next=self.tau_star,
                          ali_steps=t)
         self.history.append({"round": server_round, **self._row})
         self.log(f"ALI-DPFL round {server_round}: tau {self._tau}, t {t}/{self.rc}, mu_raw "
                  f"{_fmt(raw)}, mu {_fmt(self.mu)}, T {horizon}, Eq.9 {_fmt(eq9)} -> tau* {self.tau_star}")
-        if self.active_partitions() and self.steps_done() >= self.rc:
-            self.log(f"ALI-DPFL: R_c = {self.rc} iterations reached after round {server_round}; stopping")
-            self._retire_all()
+        spent = [p for p in self.active_partitions() if self.steps[p] >= self.rc]
+        for p in spent:
+            self.retire(p)
+        if spent and not self.active_partitions():
+            self.log(f"ALI-DPFL: R_c = {self.rc} iterations reached by every client after round {server_round}; "
+                     "stopping")
         return arrays, metrics
 
     def _estimate_mu(self, arrays: ArrayRecord, good: list[Message], grad_diffs: dict[int, float]) -> float | None:
@@ -158,7 +171,10 @@ class AliDpfl(FedAvg):
             diffs = [grad_diffs.get(m.metadata.src_node_id, math.nan) for m in good]
             return paper_mu(self._w_start, models, diffs, [weights[self._partition_of[m.metadata.src_node_id]]
                                                            for m in good])
-        return self.secant.update(self._w_start, arrays_to_vector(arrays), self._tau, weights)
+        taus = {self._taus.get(p) for p in partitions}
+        if len(taus) != 1:  # clients ran different step counts (after a fault): the model difference mixes them
+            return None
+        return self.secant.update(self._w_start, arrays_to_vector(arrays), taus.pop(), weights)
 
     def state_dict(self) -> dict:
         """Checkpoint state (server/checkpoint.py): the plain attributes plus the secant's last round."""
