@@ -99,8 +99,7 @@ class AliDpfl(FedAvg):
         self._tau = max(plan.values(), default=0)
         self._row = {"ali_tau": self._tau, "ali_rc": self.rc}
         self._taus = {}
-        if self._tau == 0:
-            self._retire_all()
+        if self._tau == 0:  # every active partition was retired above
             return []
         self._w_start = arrays_to_vector(arrays)
         messages = list(super().configure_train(server_round, arrays, config, grid))
@@ -113,14 +112,10 @@ class AliDpfl(FedAvg):
         return messages
 
     def not_sent(self, partitions: list[int]) -> None:
-        """The runner: secure aggregation left these instructed partitions out of the round (not enrolled,
-        excluded, or too few usable nodes to start it), so they ran and charged nothing."""
+        """These instructed partitions ran and charged nothing this round: the runner's call when secure
+        aggregation left them out (not enrolled, excluded, too few usable nodes), and budget refusals."""
         for p in partitions:
             self.steps[p] -= self._taus.pop(p, 0)
-
-    def _retire_all(self) -> None:
-        for p in self.roster.partitions:
-            self.retire(p)
 
     # -- aggregation and the next tau* ------------------------------------------------------
     def aggregate_train(self, server_round: int,
@@ -128,10 +123,8 @@ class AliDpfl(FedAvg):
         replies = list(replies)
         # read before screening: the screen drops a metric from every reply when one reply lacks it
         grad_diffs = _grad_diffs(replies) if self.estimator == "paper" else {}
-        for r in replies:  # a refusal spent nothing (the runner retires that client)
-            if r.has_error() and r.error.code == BUDGET_EXHAUSTED:
-                self.steps[self._partition_of[r.metadata.src_node_id]] -= self._taus.pop(
-                    self._partition_of[r.metadata.src_node_id], 0)
+        self.not_sent([self._partition_of[r.metadata.src_node_id] for r in replies  # the runner retires them
+                       if r.has_error() and r.error.code == BUDGET_EXHAUSTED])
         good = self.screened(replies)
         arrays, metrics = FlowerFedAvg.aggregate_train(self, server_round, good)
         raw = None
