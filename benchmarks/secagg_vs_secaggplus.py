@@ -132,8 +132,8 @@ class MeasuringGrid:
 
 # --- plain and ours: Message API -------------------------------------------------------
 def secagg_config(clients: int) -> dict:
-    return {"secagg-bits": 32, "secagg-clip": 8.0, "num-clients": clients, "secagg-min-survivors": 2,
-            "node-wait-timeout": 120.0, "secure-aggregation": True}
+    return {"secagg-bits": 32, "secagg-clip": 8.0, "num-clients": clients, "fraction-train": 1.0,
+            "secagg-min-survivors": 2, "node-wait-timeout": 120.0, "secure-aggregation": True}
 
 
 def make_message_apps(mode: str, dim: int, rounds: int, clients: int, out_dir: str):

@@ -53,6 +53,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
+from common.config import clients_per_round
 from common.records import NUM_EXAMPLES
 from common.secagg import (
     CodecParams,
@@ -112,12 +113,14 @@ def ids_from_bytes(raw: Any) -> tuple[int, ...]:
 def secagg_params(config: Mapping[str, Any]) -> SecAggParams:
     """The protocol parameters both sides derive from the run config.
 
-    Codec: modulus 2^secagg-bits, bound B = secagg-clip, headroom for
-    num-clients summands (the most a round can select), and the finest scale
-    2^f that fits (`CodecParams.fit`): 32 bits, B = 1024, 16 clients gives
-    f = 16 (step 1.5e-5); 64 bits gives f = 48.
+    Codec: modulus 2^secagg-bits, bound B = secagg-clip, headroom for the
+    clients a round selects (`clients_per_round`; both sides refuse a larger
+    set), and the finest scale 2^f that fits (`CodecParams.fit`): 32 bits,
+    B = 1024, 10 clients per round gives f = 17 (step 7.6e-6); 64 bits gives
+    f = 49.
     """
-    codec = CodecParams.fit(int(config["secagg-bits"]), float(config["secagg-clip"]), int(config["num-clients"]))
+    per_round = clients_per_round(int(config["num-clients"]), float(config["fraction-train"]))
+    codec = CodecParams.fit(int(config["secagg-bits"]), float(config["secagg-clip"]), per_round)
     return SecAggParams(codec=codec, min_survivors=int(config["secagg-min-survivors"]))
 
 

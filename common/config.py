@@ -26,6 +26,12 @@ INT64_MAX = 2**63 - 1
 NOISE_MAX = 1e6  # noise parameters: far above any use; dp-accounting's arithmetic overflows near 1e300
 
 
+def clients_per_round(num_clients: int, fraction: float) -> int:
+    """How many clients a round selects: max(floor(fraction * N), 1), as the Upcycled-FL code (9 of 30 at
+    0.3). Every strategy samples this many (server/sampling.py); secure aggregation's codec is sized for it."""
+    return max(math.floor(fraction * num_clients + 1e-9), 1)
+
+
 class ConfigError(ValueError):
     """A run-config key is unknown, of the wrong type or out of range."""
 
@@ -536,7 +542,7 @@ def _check_secure_aggregation(v: Mapping[str, Scalar]) -> None:
     if v["strategy"] == "ali-dpfl" and v["ali-mu-estimator"] == "paper":
         raise ConfigError("secure-aggregation = true cannot run ali-mu-estimator = 'paper': it reads each client's "
                           "model and gradient difference; the default 'dp-secant' needs only the aggregate")
-    per_round = max(math.floor(v["fraction-train"] * v["num-clients"] + 1e-9), 1)
+    per_round = clients_per_round(v["num-clients"], v["fraction-train"])
     if per_round < v["secagg-min-survivors"]:
         raise ConfigError(
             f"secure-aggregation = true needs at least secagg-min-survivors = {v['secagg-min-survivors']} "
@@ -551,10 +557,10 @@ def _check_secure_aggregation(v: Mapping[str, Scalar]) -> None:
                           "largest enrolled examples, up to 1) is encoded under the same bound, so the largest "
                           "client could never reply; set secagg-clip >= 1")
     limit = (1 << (v["secagg-bits"] - 1)) - 1
-    if v["num-clients"] * round(v["secagg-clip"]) > limit:
+    if per_round * round(v["secagg-clip"]) > limit:
         raise ConfigError(
-            f"secagg-clip = {v['secagg-clip']} with num-clients = {v['num-clients']} leaves no headroom in "
-            f"{v['secagg-bits']}-bit words (num-clients * clip must stay below 2^{v['secagg-bits'] - 1}); "
+            f"secagg-clip = {v['secagg-clip']} with {per_round} clients per round leaves no headroom in "
+            f"{v['secagg-bits']}-bit words (clients per round * clip must stay below 2^{v['secagg-bits'] - 1}); "
             "lower secagg-clip or use secagg-bits = 64"
         )
 

@@ -577,7 +577,7 @@ def render_markdown(suite: Suite, results: list[CellResult], plots: list[Path], 
         f"- aggregation: mean ± population std (ddof = 0) over finished seeds",
     ]
     if suite.metric == "accuracy-at-epsilon":  # the metric reads the runs' epsilons: say what they state
-        lines += [f"- {note}" for note in dict.fromkeys(n for r in results for n in r.epsilon_notes)]
+        lines += _epsilon_notes(results)
     run_total = sum(sum(r.run_seconds) for r in results)
     if timing:
         last, total = timing[-1], sum(t["wall_seconds"] for t in timing)
@@ -600,6 +600,17 @@ def render_markdown(suite: Suite, results: list[CellResult], plots: list[Path], 
     if notes:
         lines += ["", "## Notes", ""] + notes
     return "\n".join(lines) + "\n"
+
+
+def _epsilon_notes(results: list[CellResult]) -> list[str]:
+    """Each distinct epsilon statement once, naming its cells unless every cell with runs makes it."""
+    cells: dict[str, list[str]] = {}
+    for r in results:
+        for note in r.epsilon_notes:
+            cells.setdefault(note, []).append(r.cell.label)
+    with_runs = sum(1 for r in results if r.epsilon_notes)
+    return [f"- {note}" + ("" if len(labels) == with_runs else f" ({', '.join(labels)})")
+            for note, labels in cells.items()]
 
 
 def plot_curves(suite: Suite, results: list[CellResult], out_dir: Path) -> list[Path]:

@@ -257,7 +257,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
             row.update(clients=len(report.selected), secagg_survivors=len(report.survivors),
                        secagg_round_trips=report.round_trips, failed=len(report.selected) - len(report.survivors))
         writer.add_round(row)
-        spent = f"  epsilon {spent_text(row, 3)} (delta {row['delta']:g})" if "epsilon_max" in row else ""
+        spent = f"  epsilon {spent_text(row, 3)} (delta {row['delta']:g}, {row['accountant']})" \
+            if "epsilon_max" in row else ""
         console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
                       f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
         checkpointer.save(server_round, arrays, strategy, mirror, writer)

@@ -4,14 +4,8 @@ the same clients for their k-th training round."""
 
 from __future__ import annotations
 
-import math
-
+from common.config import clients_per_round
 from common.seeding import numpy_rng
-
-
-def num_sampled(num_clients: int, fraction: float) -> int:
-    """max(floor(fraction * N), 1), as the Upcycled-FL code (9 of 30 at 0.3)."""
-    return max(math.floor(fraction * num_clients + 1e-9), 1)
 
 
 def sample_partitions(seed: int, train_round: int, partitions: list[int], fraction: float,
@@ -22,6 +16,6 @@ def sample_partitions(seed: int, train_round: int, partitions: list[int], fracti
     candidates), capped by the candidates left (e.g. after budget refusals)."""
     if not partitions:
         return []
-    k = min(num_sampled(population or len(partitions), fraction), len(partitions))
+    k = min(clients_per_round(population or len(partitions), fraction), len(partitions))
     rng = numpy_rng(seed, "sample-clients", train_round)
     return sorted(int(p) for p in rng.choice(sorted(partitions), size=k, replace=False))

@@ -212,3 +212,15 @@ def test_the_difference_table_marks_a_mean_over_fewer_seeds_than_planned(tmp_pat
     md, _ = render_report(suite_dir, suite, plots=False)
     difference = md.read_text().split("## Difference")[1]
     assert "-1.00 [n=1]" in difference, difference
+
+
+def test_epsilon_notes_name_their_cells_when_they_differ():
+    """An accuracy-at-epsilon report states each epsilon note once; a note only some cells make names them."""
+    from server.report import Cell, CellResult, _epsilon_notes
+
+    def result(row, *notes):
+        return CellResult(Cell(row, "c", {}, (1,)), epsilon_notes=list(notes))
+
+    shared, pld = "epsilon from the rdp accountant", "epsilon from the pld accountant"
+    lines = _epsilon_notes([result("a", shared), result("b", shared, pld), result("empty")])
+    assert lines == [f"- {shared}", f"- {pld} (b / c)"], lines

@@ -38,7 +38,7 @@ from client.secagg import (
 from common.secagg import EnrollRequest, NotEnrolledError, RefusedError, SecAggServer
 from common.secagg.prf import round_key
 
-CFG = {"secagg-bits": 32, "secagg-clip": 1.0, "num-clients": 3, "secagg-min-survivors": 2}
+CFG = {"secagg-bits": 32, "secagg-clip": 1.0, "num-clients": 3, "fraction-train": 1.0, "secagg-min-survivors": 2}
 RUN = 99
 NODES = (11, 12, 13)
 

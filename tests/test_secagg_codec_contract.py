@@ -59,3 +59,23 @@ def test_codec_bound_below_one_still_admits_the_largest_client():
         clients[ids[0]].masked_update(1, ids, delta, 1.0)  # the largest client: w = n_i / max n = 1
     except CodecRangeError as exc:
         pytest.fail(f"a tiny update of the largest client cannot be encoded under secagg-clip = 0.5: {exc}")
+
+
+def test_codec_headroom_is_sized_for_the_clients_a_round_selects():
+    """The codec needs headroom for the sum of the selected clients, not of every client: with 3550 clients
+    and 10 % per round, sizing for 3550 gave a step of 2^-9 (2e-3) on 32-bit words where 355 allow 2^-12.
+    Both sides refuse a larger selected set, so the finer step is safe."""
+    config = validate({"num-clients": 3550, "fraction-train": 0.1, "dataset": "synthetic",
+                       "secure-aggregation": True})
+    codec = secagg_params(config).codec
+    assert codec.max_clients == 355
+    assert codec == CodecParams.fit(32, 1024.0, 355)
+    assert codec.frac_bits == 12
+
+
+def test_config_headroom_check_counts_the_clients_per_round():
+    """A clip that fits the clients a round selects is accepted; one that does not is refused up front."""
+    base = {"num-clients": 3000, "dataset": "synthetic", "secure-aggregation": True, "secagg-clip": 2.0**21}
+    validate({**base, "fraction-train": 0.1})  # 300 * 2^21 < 2^31
+    with pytest.raises(ConfigError, match="clients per round"):
+        validate({**base, "fraction-train": 1.0})

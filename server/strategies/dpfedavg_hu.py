@@ -36,7 +36,8 @@ from common.config import ConfigError, RunConfig
 from common.privacy.accounting import zcdp_epsilon
 from common.privacy.hu import calibrate_sigma, epochs_touched, paper_assumption, round_rho
 from server.roster import Roster
-from server.sampling import num_sampled, sample_partitions
+from common.config import clients_per_round
+from server.sampling import sample_partitions
 from server.strategies.fedavg import FedAvg
 
 
@@ -59,7 +60,7 @@ class DpFedAvgHu(FedAvg):
         self.gamma = int(config["batch-size"])
         self.num_clients = len(roster.node_of)
         self.secure = bool(config["secure-aggregation"])
-        self.r = num_sampled(self.num_clients, fraction_train)
+        self.r = clients_per_round(self.num_clients, fraction_train)
         # The /r credit counts the clients whose noise is in the decoded sum: at least secagg-min-survivors
         # (the grid aborts a round with fewer), not necessarily all r selected.
         self.credited = min(self.r, int(config["secagg-min-survivors"])) if self.secure else 1
