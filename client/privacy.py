@@ -134,19 +134,29 @@ class StaleInstruction(RuntimeError):
     """A train instruction of a server start that a later start of the same run has replaced."""
 
 
-def report_and_fence(path: Path, server_run: int) -> dict[str, int | str]:
+SERVER_STARTED = "server-started"  # enrollment-query key: when the enrolling server start enrolled (ns)
+
+
+def report_and_fence(path: Path, server_run: int, started: int | None = None) -> dict[str, int | str]:
     """A resumable run's enrollment: what the ledger at `path` holds of its last round, for the server's
     reconciliation of a round it lost in a crash (server/lost_round.py), and from now on only
     `server_run`'s instructions are charged (the fence). Without the fence an instruction the dead
     server start had sent, delivered after this report, would charge what the report said was not.
     A missing ledger is reported empty and not created (a resume may still be refused).
 
+    `started`: when the enrolling server start enrolled (ns since the epoch, `SERVER_STARTED`). Flower run ids are random, so
+    this orders the starts: an enrollment of an earlier start than the fence's, delivered late, leaves
+    the fence where it is (it would refuse the live start's instructions). Without it (an older server),
+    the last enrollment wins.
+
     The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`
     (-1 if no entry has a round) and `ledger-last-entries` (that round's entries, JSON). All are
     data-independent: entries are planned from the instructions and the enrolled data size."""
     with file_lock(path):
         ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger()
-        write_atomically(_beside(path, ".server-run"), lambda f: f.write(str(server_run).encode()))
+        fence = _beside(path, ".server-run")
+        if started is None or started >= _fence(fence)[1]:
+            write_atomically(fence, lambda f: f.write(f"{server_run} {started or 0}".encode()))
         if any(e.round is None for e in ledger.entries):
             return {}  # not tied to rounds: nothing to report (the server counts a lost round)
         tag, last = _beside(path, ".lineage"), max(ledger.rounds(), default=-1)
@@ -155,12 +165,20 @@ def report_and_fence(path: Path, server_run: int) -> dict[str, int | str]:
                 "ledger-last-entries": json.dumps([e.to_json() for e in ledger.entries if e.round == last])}
 
 
+def _fence(path: Path) -> tuple[str | None, int]:
+    """The fence file's (Flower run id, start time); (None, 0) if there is none. A fence written before
+    start times existed holds the run id only."""
+    if not path.exists():
+        return None, 0
+    run, _, started = path.read_text().strip().partition(" ")
+    return run, int(started or 0)
+
+
 def _check_fence(ledger: PrivacyLedger, server_run: int | None) -> None:
-    """Refuse an instruction of a server start other than the one that enrolled this node last."""
+    """Refuse an instruction of a server start other than the latest that enrolled this node."""
     if server_run is None or ledger.path is None:
         return
-    fence = _beside(ledger.path, ".server-run")
-    enrolled = fence.read_text().strip() if fence.exists() else str(server_run)
+    enrolled = _fence(_beside(ledger.path, ".server-run"))[0] or str(server_run)
     if enrolled != str(server_run):
         raise StaleInstruction(
             f"this instruction comes from Flower run {server_run}, but run {enrolled} (a later "

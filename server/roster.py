@@ -16,6 +16,7 @@ from typing import Sequence
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
+from client.privacy import SERVER_STARTED
 from common.records import CONFIG
 from server.lost_round import LedgerTail, parse_tail
 
@@ -94,7 +95,9 @@ def enroll(grid: Grid, expected: int, timeout: float, log=print, sizes: Sequence
     naming the nodes, as does a partition no node holds. No node is silently left out: the aggregation
     weights and the privacy accounting depend on the roster."""
     nodes = wait_for_nodes(grid, expected, timeout, log)
-    asks = [Message(RecordDict(), dst_node_id=n, message_type="query.enroll") for n in nodes]
+    # the time orders this start's enrollment after earlier starts' (a node's fence, client/privacy.py)
+    ask = ConfigRecord({SERVER_STARTED: time.time_ns()})
+    asks = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type="query.enroll") for n in nodes]
     node_of, sizes_of, tails, problems = {}, {}, {}, []
     for reply in grid.send_and_receive(asks, timeout=timeout):
         src = reply.metadata.src_node_id

@@ -45,6 +45,9 @@ def test_resume_after_a_crash_before_the_instructions_left_still_spends_the_budg
     cfg = ali_config(tmp_path, steps_budget=13, rounds=4, checkpoint=True, **{"dp-noise-seed": "run-seed"})
     run(cfg, run_id=1, die_after=2, after_replies=False)  # killed while sending round 3: nothing left
     assert_budget_spent(cfg, run(cfg, run_id=2))
+    for p in range(CLIENTS):  # each node's fence: the resumed start's run id and its enrollment time
+        run_id, started = ledger_path(cfg, {}, 0, p).with_suffix("").with_suffix(".server-run").read_text().split()
+        assert run_id == "2" and int(started) > 0
 
 
 @pytest.mark.timeout(240)
@@ -137,3 +140,19 @@ def test_the_report_round_trips_and_fences_off_the_dead_server_start(tmp_path):
     assert PrivacyLedger.load(ledger.path).steps() == 5  # nothing charged
     charge(ledger, BUDGET, [steps(3, 3)], server_run=8)
     assert PrivacyLedger.load(ledger.path).steps() == 8
+
+
+def test_a_late_enrollment_of_an_earlier_start_leaves_the_fence(tmp_path):
+    """Flower run ids are random: the fence is ordered by the enrolling start's time. A dead start's
+    enrollment delivered after the live start's would otherwise move the fence back, and the live start's
+    instructions would be refused while the dead start's charged."""
+    ledger = PrivacyLedger.open(tmp_path / "partition-0.ledger.json", owner="partition-0")
+    report_and_fence(ledger.path, server_run=9, started=2_000)  # the live start
+    report_and_fence(ledger.path, server_run=8, started=1_000)  # the dead one's, delivered late
+    with pytest.raises(StaleInstruction, match="run 9"):
+        charge(ledger, BUDGET, [steps(3, 1)], server_run=8)
+    charge(ledger, BUDGET, [steps(3, 1)], server_run=9)
+    report_and_fence(ledger.path, server_run=10, started=3_000)  # a later start moves it
+    with pytest.raises(StaleInstruction, match="run 10"):
+        charge(ledger, BUDGET, [steps(3, 2)], server_run=9)
+    assert PrivacyLedger.load(ledger.path).steps() == 3
