@@ -5,6 +5,7 @@ Every run: 3 clients, R_c = 13, R_s = 4 (or 6), in process. The property checked
 remaining rounds ends with epsilon within 1 % of the target."""
 
 import pytest
+from flwr.app import ConfigRecord
 
 import client.node
 from client.privacy import ledger_path
@@ -13,6 +14,7 @@ from server.inprocess_grid import InProcessGrid
 from server.runner import run_federation
 from fault_grids import Killed
 from tests.test_ali_budget_state import CLIENTS, DELTA, ali_config, rows_of, run
+from tests.test_ali_edge_cases import _server_identity, model, reply, strategy  # noqa: F401 (autouse fixture)
 
 
 def ledgers_of(cfg, run_id):
@@ -83,3 +85,33 @@ def test_a_client_left_out_of_a_secure_round_is_not_stopped_short_while_rounds_r
     fractions = spent_fractions(cfg, 1)
     assert max(fractions) <= 1.0
     assert min(fractions) >= 0.99, ([lg.steps() for lg in ledgers_of(cfg, 1)], [r["ali_tau"] for r in rows])
+
+
+# --- the strategy alone, in the runner's call order (review of session 18) ---
+
+def secure_round(s, k, left_out=()):
+    """One round in which secure aggregation never sends to the nodes `left_out` (the runner then calls
+    `not_sent` for their partitions); every other node trains and replies. Returns (the local-steps each
+    node that got its instruction was told to run, the round's metrics row)."""
+    messages = s.configure_train(k, model(float(k)), ConfigRecord({}), None)
+    told = {m.metadata.dst_node_id: int(m.content["config"]["local-steps"]) for m in messages}
+    s.not_sent([s._partition_of[n] for n in left_out])
+    delivered = {n: tau for n, tau in told.items() if n not in left_out}
+    s.aggregate_train(k, [reply(n, float(k) + 1.0) for n in delivered])
+    return delivered, s.extra_round_metrics()
+
+
+@pytest.mark.timeout(120)
+def test_the_rows_tau_is_one_that_a_client_was_sent_when_a_node_is_left_out_again():
+    """R_c = 13, R_s = 4. Secure aggregation leaves node 101 (partition 0) out of rounds 1 and 2. In round 2
+    partition 0 (t = 0) is planned 5 steps, the two others (t = 4) 3 steps; node 101 is left out again, so
+    the only instructions that left told 3 steps, the two clients ran 3 and the mu secant used tau = 3.
+    The row's ali_tau (the tau history in metrics.jsonl and the checkpoint's history) still says 5: the
+    plan of a partition that was never sent, taken before `not_sent`, so the recorded schedule holds a
+    tau nobody ran (and the rows' taus no longer add up to any client's steps)."""
+    s = strategy(13, 4)
+    secure_round(s, 1, left_out=(101,))
+    delivered, row = secure_round(s, 2, left_out=(101,))
+    assert set(delivered.values()) == {3}
+    assert row["ali_tau"] == max(delivered.values()), (row["ali_tau"], delivered)
+    assert s.history[-1]["ali_tau"] == max(delivered.values())

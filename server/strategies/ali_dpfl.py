@@ -116,6 +116,8 @@ class AliDpfl(FedAvg):
         aggregation left them out (not enrolled, excluded, too few usable nodes), and budget refusals."""
         for p in partitions:
             self.steps[p] -= self._taus.pop(p, 0)
+        if self._taus:  # the row's tau is one a client ran (a round no instruction left keeps its plan)
+            self._row["ali_tau"] = max(self._taus.values())
 
     # -- aggregation and the next tau* ------------------------------------------------------
     def aggregate_train(self, server_round: int,
