@@ -185,3 +185,37 @@ def test_local_step_benchmark_times_autograd_as_its_reference(capsys, monkeypatc
     result = json.loads(out[-1])
     assert result["benchmark"] == "local_step" and [r["loop"] for r in result["loops"]] == ["sgd", "corrected"]
     assert any(line.startswith("sgd ") for line in out[:-1])
+
+
+# --- what the faked-children tests cannot see (review of session 18) ---
+
+def test_secagg_benchmark_config_builds_both_sides_of_our_protocol():
+    """The benchmark hands `secagg_config` to SecureAggregationGrid and to the ClientApp handlers; the
+    tests in test_benchmark_output.py fake the child runs, so a key the protocol reads but the benchmark
+    does not set (as `fraction-train` was before 07e617b: KeyError, the `ours` arm died) went unseen."""
+    bench = _import("secagg_vs_secaggplus")
+    from client.secagg import secagg_params
+    from server.secagg_grid import SecureAggregationGrid
+
+    config = bench.secagg_config(10)
+    params = secagg_params(config)
+    assert params.min_survivors == 2
+
+    class Inner:  # only constructed, never used
+        pass
+
+    grid = SecureAggregationGrid(Inner(), config, log=lambda s: None)
+    assert grid.params == params
+
+
+def test_upcycled_cost_times_every_client_update(tmp_path):
+    """The client timer patches client.app.update_rule: every training call must be counted (a lookup
+    bound at import would leave client seconds at 0 and the ratio undefined)."""
+    data_dir_or_skip("fedprox-synthetic", "syn_0.5_0.5.npz")
+    bench = _import("upcycled_cost")
+    vanilla = bench.one_run("table1", False, 2, "fedavg", tmp_path / "v", seed=1)
+    upcycled = bench.one_run("table1", True, 2, "fedavg", tmp_path / "u", seed=1)
+    assert vanilla["client_calls"] == 2 * upcycled["client_calls"] > 0
+    assert vanilla["client_cpu_s"] > 0 and upcycled["client_cpu_s"] > 0
+    assert vanilla["training_rounds"] == 2 and upcycled["training_rounds"] == 1
+    assert vanilla["bytes_up"] == 2 * upcycled["bytes_up"] > 0
