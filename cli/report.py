@@ -98,9 +98,13 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _plot(run: Path) -> None:
-    from server.results import plot_accuracy, read_rows
+    """Redraw the run's plots, as the run drew them: accuracy per round, and for a private run against epsilon."""
+    from server.results import plot_accuracy, plot_accuracy_vs_epsilon, read_rows
 
     config = json.loads((run / "summary.json").read_text()).get("config", {})
     rows = read_rows(run)
+    title = f"{config.get('strategy')} on {config.get('dataset')}"
     if rows:
-        plot_accuracy(rows, run / "accuracy.png", f"{config.get('strategy')} on {config.get('dataset')}")
+        plot_accuracy(rows, run / "accuracy.png", title)
+    if rows and all("epsilon_max" in row for row in rows):
+        plot_accuracy_vs_epsilon(rows, run / "accuracy_vs_epsilon.png", title)

@@ -105,16 +105,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=main)
 
 
-def _list(suite_name: str | None) -> int:
-    from server.report import available_suites, load_suite
+def _list(suite, cells) -> int:
+    """The suites (`suite` None), or the suite's `cells` that a run with the same --filter and --seeds runs."""
+    from server.report import available_suites
 
-    if not suite_name:
+    if suite is None:
         for name in available_suites():
             print(name)
         return 0
-    suite = load_suite(suite_name)
     print(f"{suite.name}: {suite.description}")
-    for cell in suite.cells:
+    for cell in cells:
         paper = "" if cell.paper is None else f"  paper {cell.paper:g}"
         print(f"  {cell.label}  seeds {','.join(map(str, cell.seeds))}{paper}")
     return 0
@@ -130,8 +130,8 @@ def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False)
     started = time.perf_counter()
     try:
-        if args.list:
-            return _list(args.suite)
+        if args.list and not args.suite:
+            return _list(None, [])
         if not args.suite:
             raise ConfigError(f"name a suite; available suites: {', '.join(available_suites()) or '(none)'}")
         if args.jobs < 1:
@@ -145,6 +145,8 @@ def main(args: argparse.Namespace) -> int:
         if not cells:
             raise ConfigError(f"--filter {args.filter!r} matches no cell of suite {suite.name!r}; cells: "
                               + ", ".join(c.label for c in suite.cells))
+        if args.list:
+            return _list(suite, cells)
         out_dir = Path(args.out).expanduser().resolve()
         suite_dir = out_dir / suite.name
         todo, done = plan(suite, out_dir, args.filter)
@@ -153,6 +155,8 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, DataFileError) as e:
         print(f"privfed repro: error: {e}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `--list | head`: cli/main.py ends it quietly
+        raise
     except OSError as e:  # --out under a file, or not writable
         print(f"privfed repro: error: cannot write the suite's results under {args.out}: {e.strerror or e}",
               file=sys.stderr)

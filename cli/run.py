@@ -1,7 +1,8 @@
 """`privfed run`: run one preset (optionally once per seed) and print a summary.
 
     privfed run PRESET [--set key=value ...] [--engine inprocess|simulation] [--seeds 1,2,3]
-                       [--workers N] [--threads N] [--results-dir DIR] [--quiet]
+                       [--workers N] [--threads N] [--timeout S] [--gpus-per-client G]
+                       [--results-dir DIR] [--quiet]
 
 PRESET is a preset name (`presets/NAME.toml`, e.g. `default` or
 `fedavg-syn-iid`) or a path to a TOML file of run-config overrides. `--set`
@@ -173,20 +174,25 @@ class SimulationFailed(RuntimeError):
 
 
 def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, threads: int | None = 1,
-            console=None, echo=None, timeout: float = 24 * 3600) -> Path:
-    """Run validated `overrides` on `engine`; return the results folder (RuntimeError on failure)."""
+            console=None, quiet: bool = False, timeout: float = 24 * 3600, gpus_per_client: float = 0.0) -> Path:
+    """Run validated `overrides` on `engine`; return the results folder (RuntimeError on failure).
+    `quiet`: no per-round lines and no Flower output; the run's own notes and warnings still print."""
     from common.config import validate
 
     config = validate(overrides)
     if engine == "inprocess":
         from server.inprocess import run_inprocess
 
-        return run_inprocess(config, workers=workers, console=console, threads=threads)
+        return run_inprocess(config, workers=workers, console=console, threads=threads, round_lines=not quiet)
     if engine == "simulation":
         from server.flower_run import TIMED_OUT, run_with_flower
 
+        def echo(line: str) -> None:  # flwr's output as is; quiet: only the run's own lines
+            if not quiet or "privfed: " in line:
+                print(line, flush=True)
+
         code, output, results = run_with_flower(absolute_paths(overrides), int(config["num-clients"]),
-                                                timeout=timeout, echo=echo)
+                                                timeout=timeout, echo=echo, gpus_per_client=gpus_per_client)
         if code != 0 or results is None:
             tail = "\n".join(output.rstrip().splitlines()[-15:])
             why = (f"timed out after {timeout:g} s (--timeout)" if TIMED_OUT in output
@@ -270,11 +276,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--results-dir", help="shorthand for --set results-dir=DIR")
     p.add_argument("--timeout", type=float,
                    help="simulation engine: seconds before giving up (default 86400)")
-    p.add_argument("--quiet", action="store_true", help="no per-round lines, only the summary")
+    p.add_argument("--gpus-per-client", type=float,
+                   help="simulation engine: GPUs each client's Ray actor holds (default 0: Ray hides the GPU from "
+                        "it; 0.25 puts four clients on one GPU)")
+    p.add_argument("--quiet", action="store_true",
+                   help="no per-round lines and no Flower output: the run's notes and warnings, then the summary")
     p.set_defaults(func=main)
 
 
-ENGINE_OPTIONS = {"inprocess": {"workers": 1, "threads": 1}, "simulation": {"timeout": 24 * 3600.0}}
+ENGINE_OPTIONS = {"inprocess": {"workers": 1, "threads": 1},
+                  "simulation": {"timeout": 24 * 3600.0, "gpus_per_client": 0.0}}
 
 
 def engine_options(args: argparse.Namespace) -> None:
@@ -287,7 +298,8 @@ def engine_options(args: argparse.Namespace) -> None:
             if getattr(args, name) is None:
                 setattr(args, name, default)
             elif engine != args.engine:
-                raise ConfigError(f"--{name} applies to --engine {engine} only (this run: --engine {args.engine})")
+                raise ConfigError(f"--{name.replace('_', '-')} applies to --engine {engine} only "
+                                  f"(this run: --engine {args.engine})")
 
 
 def error(command: str, err: BaseException | str, code: int = 2) -> int:
@@ -316,7 +328,12 @@ def main(args: argparse.Namespace) -> int:
             raise ConfigError(f"--threads must be >= 0 (0: torch's default), got {args.threads}")
         if not args.timeout > 0:
             raise ConfigError(f"--timeout must be > 0 seconds, got {args.timeout}")
+        if not 0 <= args.gpus_per_client <= 1024:
+            raise ConfigError(f"--gpus-per-client must be in [0, 1024], got {args.gpus_per_client}")
         config = validate(overrides)
+        if args.engine == "simulation" and config["device"] == "cuda" and not args.gpus_per_client:
+            raise ConfigError("device = 'cuda' on the simulation engine needs --gpus-per-client > 0: Ray hides "
+                              "the GPU from a client actor that holds none")
         if seeds:
             base = str(config["run-name"])  # empty: claim_results names the runs
             runs = [{**overrides, "seed": s, **({"run-name": f"{base}-s{s}"} if base else {})} for s in seeds]
@@ -329,8 +346,7 @@ def main(args: argparse.Namespace) -> int:
     except (ConfigError, DataFileError) as err:
         return error("run", err)
 
-    run_console = Console(highlight=False, quiet=args.quiet)
-    echo = None if args.quiet else (lambda line: print(line, flush=True))  # flwr's output as is
+    run_console = Console(highlight=False)
     threads = None if args.threads == 0 else args.threads
     results, started = [], time.perf_counter()
     for i, run in enumerate(runs, 1):
@@ -338,7 +354,8 @@ def main(args: argparse.Namespace) -> int:
             console.print(f"[bold]privfed run: {i}/{len(runs)}[/] seed {run['seed']}")
         try:
             run_dir = run_one(run, engine=args.engine, workers=args.workers, threads=threads,
-                              console=run_console, echo=echo, timeout=args.timeout)
+                              console=run_console, quiet=args.quiet, timeout=args.timeout,
+                              gpus_per_client=args.gpus_per_client)
         except (ConfigError, DataFileError) as err:
             return error("run", err)
         except SimulationFailed as err:

@@ -84,8 +84,10 @@ TIMED_OUT = "privfed: flwr run stopped at its timeout of"  # the last output lin
 
 
 def run_with_flower(overrides: Mapping[str, object], num_supernodes: int, *, flwr_home: Path | None = None,
-                    timeout: float = 1800, echo: Callable[[str], None] | None = None) -> tuple[int, str, Path | None]:
-    """`flwr run <app> --stream` in simulation with `num_supernodes` nodes.
+                    timeout: float = 1800, echo: Callable[[str], None] | None = None,
+                    gpus_per_client: float = 0.0) -> tuple[int, str, Path | None]:
+    """`flwr run <app> --stream` in simulation with `num_supernodes` nodes, each client's Ray actor holding
+    `gpus_per_client` GPUs (Flower's default 0 hides the GPU from it).
 
     Returns (exit code, combined output, results folder or None). Every process
     started for the run is stopped before returning; one stopped at `timeout` ends
@@ -96,8 +98,11 @@ def run_with_flower(overrides: Mapping[str, object], num_supernodes: int, *, flw
         home.mkdir(parents=True, exist_ok=True)
         run_config = Path(tmp) / "run-config.toml"
         run_config.write_bytes(tomli_w.dumps(dict(overrides)).encode())
+        federation = f"num-supernodes={num_supernodes}"
+        if gpus_per_client:  # Flower takes the resources given or its defaults (2 CPUs, 0 GPUs), not a mix
+            federation += f" client-resources-num-cpus=2 client-resources-num-gpus={float(gpus_per_client)}"
         command = ["flwr", "run", str(APP_DIR), "--stream", "--run-config", str(run_config),
-                   "--federation-config", f"num-supernodes={num_supernodes}"]
+                   "--federation-config", federation]
         lines: list[str] = []
         watchdog = None
         try:

@@ -61,13 +61,14 @@ def quiet_flower(level: int = logging.WARNING):
 
 
 def run_inprocess(config: RunConfig, *, workers: int = 1, console: Console | None = None,
-                  threads: int | None = DEFAULT_THREADS) -> Path:
+                  threads: int | None = DEFAULT_THREADS, round_lines: bool = True) -> Path:
     """Run `config` on the in-process engine; return the results folder.
 
     `workers`: 1 runs clients one after another in this process; N > 1 runs
     them in N worker processes. `threads`: torch intra-op threads in this
-    process while the run lasts (None: leave as is).
+    process while the run lasts (None: leave as is). `round_lines`: print a
+    line per round.
     """
     with torch_threads(threads), quiet_flower(), \
             InProcessGrid(CLIENT_APP, dict(config), int(config["num-clients"]), workers=workers) as grid:
-        return run_federation(grid, config, console)
+        return run_federation(grid, config, console, round_lines)

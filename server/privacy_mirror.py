@@ -25,6 +25,9 @@ class PrivacyMirror:
     def __init__(self, config: Mapping, partitions: list[int]):
         self.delta = float(config["target-delta"])
         self.accountant = str(config["accountant"])
+        # objective perturbation's entries are pure: their sum is the epsilon at delta 0, whatever the accountant
+        self.row_label = ({"accountant": "pure, basic composition", "delta": 0.0} if config["privacy"] == "objective"
+                          else {"accountant": self.accountant, "delta": self.delta})
         self.enabled = is_private(config)
         self.noise_seed = str(config["dp-noise-seed"])  # 'run-seed': whoever knows the config can undo the noise
         self.ledgers = {p: PrivacyLedger(owner=f"partition-{p}") for p in partitions}
@@ -60,8 +63,7 @@ class PrivacyMirror:
         if not self.enabled:
             return {}
         eps = list(self.epsilons().values())
-        return {"epsilon_max": max(eps), "epsilon_mean": sum(eps) / len(eps),
-                "accountant": self.accountant, "delta": self.delta}
+        return {"epsilon_max": max(eps), "epsilon_mean": sum(eps) / len(eps), **self.row_label}
 
     def summary(self) -> dict:
         if not self.enabled:

@@ -145,8 +145,10 @@ def instructed(grid: Grid, metered: MeteredGrid) -> set[int] | None:
     return set(report.selected) if report.round_trips else set()
 
 
-def run_federation(grid: Grid, config: RunConfig, console: Console | None = None) -> Path:
-    """Run the configured federation on `grid`; return the results folder."""
+def run_federation(grid: Grid, config: RunConfig, console: Console | None = None,
+                   round_lines: bool = True) -> Path:
+    """Run the configured federation on `grid`; return the results folder. `round_lines`: print a line per
+    round (the run's notes, warnings and summary are always printed)."""
     console = console or Console(highlight=False, soft_wrap=True)  # never wrap the results path
     log = lambda text: console.print(f"privfed: {text}")  # noqa: E731
     checkpointer = Checkpointer(config, log)  # deployment: checkpoint = true needs a run-name; times the run
@@ -156,11 +158,11 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     with hold_run_folder(run_dir):  # before the check: two runs of one explicit run-name never both pass it
         if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
             refuse_taken(run_dir)
-        return _federate(grid, config, console, log, checkpointer, run_dir)
+        return _federate(grid, config, console, log, checkpointer, run_dir, round_lines)
 
 
 def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer: Checkpointer,
-              run_dir: Path) -> Path:
+              run_dir: Path, round_lines: bool) -> Path:
     metered = MeteredGrid(with_polling(grid, float(config["poll-interval"])))  # short poll on Flower's grids
     federation = load_federation(config)  # cached per process: the clients' own load reuses it
     for line in differing(federation.meta.get("files", [])):
@@ -259,8 +261,9 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         writer.add_round(row)
         spent = f"  epsilon {spent_text(row, 3)} (delta {row['delta']:g}, {row['accountant']})" \
             if "epsilon_max" in row else ""
-        console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
-                      f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
+        if round_lines:
+            console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
+                          f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
         checkpointer.save(server_round, arrays, strategy, mirror, writer)
 
     if not updated:  # e.g. an unwritable state-dir, a spent budget: the run must not look like a result

@@ -52,6 +52,9 @@ def test_objective_perturbation_note_names_basic_composition_of_pure_dp_not_the_
     note = epsilon_note({"config": dict(config), "privacy": mirror.summary()})
     assert "rdp accountant" not in note, note
     assert "pure" in note, note
+    row = mirror.round_metrics()  # the rows, the round line and the plot's axis say the same (review, session 18)
+    assert row["delta"] == 0.0 and row["accountant"] == "pure, basic composition", row
+    assert row["epsilon_max"] == mirror.ledgers[0].pure_epsilon()
 
 
 # --- a ledger mixing neighbouring relations is not one (epsilon, delta) statement ----------------------

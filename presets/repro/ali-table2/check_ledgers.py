@@ -14,6 +14,7 @@ violation or missing run.
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -65,4 +66,9 @@ def main(root: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("results", help="the suite's results folder, e.g. results/repro/ali-table2")
+    root = ap.parse_args().results
+    if not (Path(root) / "suite.json").is_file():
+        sys.exit(f"check_ledgers: no {Path(root) / 'suite.json'}: not the results folder of a `privfed repro` suite")
+    sys.exit(main(root))

@@ -9,6 +9,7 @@ in from `tuning/`'s report: `python presets/repro/zcdp-adult/pick_hyperparameter
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -160,6 +161,7 @@ def main_suite() -> str:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help: say what, write nothing
     (HERE / "tuning" / "suite.toml").write_text(tuning())
     (HERE / "suite.toml").write_text(main_suite())
     print(f"wrote {HERE / 'tuning' / 'suite.toml'} and {HERE / 'suite.toml'}")

@@ -12,6 +12,7 @@ Copy the winners into TUNED in make_suites.py and regenerate the suites.
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -38,7 +39,10 @@ def setting(hp: tuple[int, float, float]) -> str:
 def main() -> int:
     from server.report import load_suite
 
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else REPO / "results/repro/zcdp-adult-tuning")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", default=REPO / "results/repro/zcdp-adult-tuning",
+                    help="the tuning suite's results folder")
+    folder = Path(ap.parse_args().folder)
     suite = load_suite(str(Path(__file__).resolve().parent / "tuning"))
     families: dict[str, list[tuple[float | None, tuple[int, float, float]]]] = {}
     for cell in suite.cells:

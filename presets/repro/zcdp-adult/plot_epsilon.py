@@ -16,6 +16,7 @@ seed: same devices, selection, batches and standard-normal noise draws, only sig
 
 from __future__ import annotations
 
+import argparse
 import csv
 import re
 import sys
@@ -37,7 +38,12 @@ def paired(with_sa, without) -> str:
 
 
 def main() -> int:
-    folder = Path(sys.argv[1] if len(sys.argv) > 1 else "results/repro/zcdp-adult")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("folder", nargs="?", default="results/repro/zcdp-adult", help="the suite's results folder")
+    folder = Path(ap.parse_args().folder)
+    if not (folder / "report.csv").is_file():
+        print(f"plot_epsilon: no {folder / 'report.csv'}: run `privfed repro zcdp-adult` first", file=sys.stderr)
+        return 2
     rows: dict[str, dict[str, tuple[float, float, int]]] = {}
     seeds: dict[tuple[str, str], int] = {}  # (row, column) -> finished seeds, every cell of the suite
     with (folder / "report.csv").open() as fh:
