@@ -144,10 +144,10 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
     server start had sent, delivered after this report, would charge what the report said was not.
     A missing ledger is reported empty and not created (a resume may still be refused).
 
-    `started`: when the enrolling server start enrolled (ns since the epoch, `SERVER_STARTED`). Flower run ids are random, so
-    this orders the starts: an enrollment of an earlier start than the fence's, delivered late, leaves
-    the fence where it is (it would refuse the live start's instructions). Without it (an older server),
-    the last enrollment wins.
+    `started`: when the enrolling server start enrolled (ns since the epoch, `SERVER_STARTED`). Flower
+    run ids are random, so this orders the starts: an enrollment of an earlier start than the fence's,
+    delivered late, leaves the fence where it is (it would refuse the live start's instructions). Without
+    it (an older server), the last enrollment wins.
 
     The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`
     (-1 if no entry has a round) and `ledger-last-entries` (that round's entries, JSON). All are
