@@ -4,12 +4,12 @@ update rule of the run's strategy (`client/updates/`)."""
 from __future__ import annotations
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from client.node import local_client
-from client.privacy import (SERVER_STARTED, BudgetExhausted, charges_recorded, claim, ledger_path, refusal,
-                            report_and_fence)
+from client.privacy import (EARLIER_START, SERVER_STARTED, BudgetExhausted, EarlierStart, charges_recorded, claim,
+                            ledger_path, refusal, report_and_fence)
 from client.resume import LINEAGE, resumable, snapshot_folder
 from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
@@ -86,8 +86,11 @@ def enroll(msg: Message, context: Context) -> Message:
     if is_private(client.config) and client.config["checkpoint"]:  # its ledger outlives this server start
         ask = msg.content.config_records.get(CONFIG, {})
         started = ask.get(SERVER_STARTED) if type(ask.get(SERVER_STARTED)) is int else None  # older servers: none
-        reply.update(report_and_fence(ledger_path(client.config, client.node_config, client.run_id,
-                                                  client.partition), client.run_id, started))
+        try:
+            reply.update(report_and_fence(ledger_path(client.config, client.node_config, client.run_id,
+                                                      client.partition), client.run_id, started))
+        except EarlierStart as refused:  # the server's enrollment fails, naming the node and the clocks
+            return Message(Error(code=EARLIER_START, reason=str(refused)), reply_to=msg)
     return Message(RecordDict({CONFIG: reply}), reply_to=msg)
 
 

@@ -29,6 +29,7 @@ from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
 
 BUDGET_EXHAUSTED = 4001  # error code of a refused train instruction (Flower's own codes are < 100)
+EARLIER_START = 4002  # error code of a refused enrollment (`report_and_fence`)
 _charges = 0  # charges this process recorded: client/app.py releases a private reply only after one
 
 
@@ -134,6 +135,10 @@ class StaleInstruction(RuntimeError):
     """A train instruction of a server start that a later start of the same run has replaced."""
 
 
+class EarlierStart(RuntimeError):
+    """An enrollment of a server start that began before the one this node's fence holds (`report_and_fence`)."""
+
+
 SERVER_STARTED = "server-started"  # enrollment-query key: when the enrolling server start enrolled (ns)
 
 
@@ -145,9 +150,10 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
     A missing ledger is reported empty and not created (a resume may still be refused).
 
     `started`: when the enrolling server start enrolled (ns since the epoch, `SERVER_STARTED`). Flower
-    run ids are random, so this orders the starts: an enrollment of an earlier start than the fence's,
-    delivered late, leaves the fence where it is (it would refuse the live start's instructions). Without
-    it (an older server), the last enrollment wins.
+    run ids are random, so this orders the starts: an enrollment of an earlier start than the fence's
+    (a dead start's, delivered late) leaves the fence where it is and is refused (EarlierStart), as is a
+    live start whose host's clock is behind the fence's: it must not run rounds every node refuses.
+    Without it (an older server), the last enrollment wins.
 
     The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`
     (-1 if no entry has a round) and `ledger-last-entries` (that round's entries, JSON). All are
@@ -155,8 +161,14 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
     with file_lock(path):
         ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger()
         fence = _beside(path, ".server-run")
-        if started is None or started >= _fence(fence)[1]:
-            write_atomically(fence, lambda f: f.write(f"{server_run} {started or 0}".encode()))
+        held_run, held_start = _fence(fence)
+        if started is not None and held_run is not None and started < held_start:
+            raise EarlierStart(
+                f"Flower run {held_run} of run-name {path.parent.name.removeprefix('name-')!r} enrolled this node "
+                f"at server time {held_start} ns, after this start's {started} ns: either this is a dead start's "
+                "enrollment delivered late, or this server's clock is behind that start's host (fix the clock, "
+                f"or delete {fence} if no other start of the run is alive)")
+        write_atomically(fence, lambda f: f.write(f"{server_run} {started or 0}".encode()))
         if any(e.round is None for e in ledger.entries):
             return {}  # not tied to rounds: nothing to report (the server counts a lost round)
         tag, last = _beside(path, ".lineage"), max(ledger.rounds(), default=-1)
@@ -171,7 +183,10 @@ def _fence(path: Path) -> tuple[str | None, int]:
     if not path.exists():
         return None, 0
     run, _, started = path.read_text().strip().partition(" ")
-    return run, int(started or 0)
+    try:
+        return str(int(run)), int(started or 0)
+    except ValueError:  # damaged: no fence (the next enrollment rewrites it) rather than a node that never trains
+        return None, 0
 
 
 def _check_fence(ledger: PrivacyLedger, server_run: int | None) -> None:
@@ -181,7 +196,7 @@ def _check_fence(ledger: PrivacyLedger, server_run: int | None) -> None:
     enrolled = _fence(_beside(ledger.path, ".server-run"))[0] or str(server_run)
     if enrolled != str(server_run):
         raise StaleInstruction(
-            f"this instruction comes from Flower run {server_run}, but run {enrolled} (a later "
+            f"this instruction comes from Flower run {server_run}, but run {enrolled} (the latest "
             f"start of run-name {ledger.path.parent.name.removeprefix('name-')!r}) has enrolled this node since: "
             "refused, nothing charged")
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 import client.node
-from client.privacy import StaleInstruction, charge, ledger_path, report_and_fence
+from client.privacy import EarlierStart, StaleInstruction, charge, ledger_path, report_and_fence
 from common.privacy.events import dpsgd_steps
 from common.privacy.ledger import PrivacyLedger
 from server.delegating_grid import DelegatingGrid
@@ -148,7 +148,8 @@ def test_a_late_enrollment_of_an_earlier_start_leaves_the_fence(tmp_path):
     instructions would be refused while the dead start's charged."""
     ledger = PrivacyLedger.open(tmp_path / "partition-0.ledger.json", owner="partition-0")
     report_and_fence(ledger.path, server_run=9, started=2_000)  # the live start
-    report_and_fence(ledger.path, server_run=8, started=1_000)  # the dead one's, delivered late
+    with pytest.raises(EarlierStart, match="clock"):  # the dead one's, delivered late: refused, fence kept
+        report_and_fence(ledger.path, server_run=8, started=1_000)
     with pytest.raises(StaleInstruction, match="run 9"):
         charge(ledger, BUDGET, [steps(3, 1)], server_run=8)
     charge(ledger, BUDGET, [steps(3, 1)], server_run=9)
@@ -156,3 +157,36 @@ def test_a_late_enrollment_of_an_earlier_start_leaves_the_fence(tmp_path):
     with pytest.raises(StaleInstruction, match="run 10"):
         charge(ledger, BUDGET, [steps(3, 2)], server_run=9)
     assert PrivacyLedger.load(ledger.path).steps() == 3
+
+
+@pytest.mark.parametrize("content", ["x y", "", "12 nan", "-"])
+def test_a_damaged_fence_is_no_fence(tmp_path, content):
+    """A fence file that does not parse neither blocks every charge nor crashes enrollment: the next enrollment
+    rewrites it."""
+    ledger = PrivacyLedger.open(tmp_path / "partition-0.ledger.json", owner="partition-0")
+    (tmp_path / "partition-0.server-run").write_text(content)
+    charge(ledger, BUDGET, [steps(3, 1)], server_run=5)
+    report_and_fence(ledger.path, server_run=6, started=10)
+    with pytest.raises(StaleInstruction):
+        charge(ledger, BUDGET, [steps(3, 2)], server_run=5)
+
+
+@pytest.mark.timeout(120)
+def test_a_resumed_start_whose_clock_is_behind_is_refused_at_enrollment(tmp_path, monkeypatch):
+    """The fence keeps the start with the latest `server-started`. A resumed ServerApp on a host whose clock is
+    behind the dead start's used to enroll every node, whose fences still held the dead start: every train
+    instruction was refused, ALI-DPFL counted the steps and the run ended as a result with every ledger at
+    7 of 13 steps (review of session 18). It must fail at enrollment, naming the clock."""
+    import time
+
+    import server.roster
+    from server.roster import FederationError
+
+    cfg = ali_config(tmp_path, steps_budget=13, rounds=4, checkpoint=True, **{"dp-noise-seed": "run-seed"})
+    run(cfg, run_id=1, die_after=2, after_replies=False)  # the first start dies sending round 3
+    real = time.time_ns
+    monkeypatch.setattr(server.roster.time, "time_ns", lambda: real() - 3600 * 10**9)  # the new host: 1 h behind
+    with pytest.raises(FederationError, match="clock"):
+        run(cfg, run_id=2)
+    monkeypatch.setattr(server.roster.time, "time_ns", real)  # the clock fixed: the run resumes and ends exact
+    assert_budget_spent(cfg, run(cfg, run_id=3))
