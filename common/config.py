@@ -203,7 +203,8 @@ SCHEMA: dict[str, Key] = {
                             "training on S_k, clipped to r); under DP r_k = r always"),
     "fedlap-calib-steps": Key(100, "FedLAP non-DP calibration: steps on S_k", low=1),
     "fedlap-calib-samples": Key(2048, "FedLAP non-DP calibration: real examples the loss is read on", low=1),
-    "fedlap-server-radius": Key("min", "FedLAP: r_g from the clients' radii (fixed: no truncation)",
+    "fedlap-server-radius": Key("min", "FedLAP: r_g from the clients' radii (fixed: no truncation); under DP "
+                                "r_g = fedlap-radius unless fixed (Sec. 4.4: no data-dependent r)",
                                 choices=("min", "max", "median", "fixed")),
     "fedlap-server-steps": Key(100, "FedLAP: most server SGD steps per round on the union of the sets", low=1),
     "fedlap-server-batch": Key(512, "FedLAP: per-set minibatch of the server steps (sets up to this size: "

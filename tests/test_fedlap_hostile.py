@@ -82,3 +82,19 @@ def test_npz_payload_is_named_not_a_crash(key):
     good = _reply(strategy, 11, np.array([0, 0, 1, 1], np.uint8))
     _, metrics = strategy.aggregate_train(1, [msg, good])
     assert metrics["sets"] == 1
+
+
+def test_dp_server_trains_within_the_fixed_radius_r_not_a_client_supplied_one():
+    """Sec. 4.4 / Alg. 3: under DP the server uses the local radius r, no data-dependent r_g. Honest DP clients
+    send r_k = r, so a smaller r_k is forged: with the min vote one reply of 1e-6 set every round's server step
+    (measured: server-radius 1e-06, one step; review of session 18)."""
+    strategy = _strategy(privacy="dpsgd", **{"dp-sample-rate": 0.1, "fedlap-radius": 1.5,
+                                             "fedlap-server-steps": 50, "lr": 0.5})
+    honest = _reply(strategy, 10, np.array([0, 0, 1, 1], np.uint8), radius=1.5)
+    forged = _reply(strategy, 11, np.array([2, 2, 3, 3], np.uint8), radius=1e-6)
+    for seed, msg in enumerate((honest, forged)):
+        images = np.random.default_rng(seed).normal(size=(4, *strategy.input_shape)).astype(np.float32)
+        msg.content[SET_KEY]["images"] = Array(images)
+    _, metrics = strategy.aggregate_train(1, [honest, forged])
+    assert metrics["server-radius"] == pytest.approx(1.5)
+    assert metrics["server-moved"] >= 1.5 or metrics["server-steps"] == 50

@@ -176,7 +176,10 @@ class FedLap(RosterSampling, FlowerFedAvg):
             metric = next(r for r in msg.content.values() if isinstance(r, MetricRecord))
             radii.append(float(metric[RADIUS]))
         rule = str(self.config["fedlap-server-radius"])
-        r_g = vote_radius(radii, rule)
+        if self.config["privacy"] == "dpsgd" and rule != "fixed":  # Sec. 4.4: no data-dependent r under DP, the
+            r_g = float(self.config["fedlap-radius"])  # local radius r; a client's reported one would set it
+        else:
+            r_g = vote_radius(radii, rule)
         lr = round_lr(self.config, server_round)
         seed = int(self.config["seed"])
         with global_torch_rng(seed, "server-fedlap-global", server_round, device=device):  # dropout masks
