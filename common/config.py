@@ -457,6 +457,10 @@ def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
     if v["dataset"] == "adult" and v["adult-split"] == "hu-devices" and v["partition"] != "iid":
         raise ConfigError(f"adult-split = 'hu-devices' deals Hu et al.'s IID devices and ignores partition = "
                           f"{v['partition']!r}: set partition = 'iid', or adult-split = 'uci' for a label skew")
+    if (v["dataset"] == "synthetic" or v["dataset"].startswith("syn-")) and v["partition"] != "iid":
+        raise ConfigError(f"dataset = {v['dataset']!r} is split by its own generator (one owner per client) and "
+                          f"ignores partition = {v['partition']!r}: set partition = 'iid' (the skew of Synthetic"
+                          "(alpha, beta) is set by synthetic-alpha / synthetic-beta, or the syn-* file chosen)")
     if v["target-epsilon"] > 0 and v["privacy"] == "none" and v["strategy"] != "dpfedavg-hu":
         raise ConfigError(f"target-epsilon = {v['target-epsilon']} with privacy = 'none': a run without a "
                           "mechanism has no budget to enforce; set privacy (e.g. 'dpsgd') or target-epsilon = 0")

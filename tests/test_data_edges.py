@@ -119,3 +119,26 @@ def test_an_interrupted_download_leaves_no_file_that_counts_as_present(tmp_path)
     assert list(tmp_path.iterdir()) == []
     write_atomically(dest, lambda fh: fh.write(b"whole"))
     assert dest.read_bytes() == b"whole" and list(tmp_path.iterdir()) == [dest]
+
+
+# --- review of session 18 ---
+
+@pytest.mark.parametrize("dataset, clients", [("synthetic", 10), ("syn-0.5-0.5", 30), ("syn-iid", 30)])
+def test_synthetic_federations_refuse_a_label_skew_partition_they_would_ignore(dataset, clients):
+    """`synthetic` and the released `syn-*` federations are always split by their own owner column
+    (common/data/__init__.py `_build` never reads `partition` for them). A run asking for
+    partition = 'dirichlet' (alpha 0.05) or 'classes' must be refused at validation, exactly as
+    `_check_ignored_keys` already refuses it for adult-split = 'hu-devices' ("Refuse a key that the run's
+    local rule would silently ignore: the run would not be the one asked for"). Today validate accepts it
+    and the resolved config (recorded in the run's summary) says 'dirichlet' for an unskewed run."""
+    for how, extra in (("dirichlet", {"dirichlet-alpha": 0.05}), ("classes", {"classes-per-client": 1})):
+        raw = {"dataset": dataset, "num-clients": clients, "partition": how, **extra}
+        if dataset.startswith("syn-"):
+            raw["data-dir"] = str(data_dir_or_skip("fedprox-synthetic"))
+        with pytest.raises(ConfigError):
+            config = validate(raw)
+            # Not refused: it must then at least be what was asked for, which it never is.
+            fed = load_federation(config)
+            assert fed.meta.get("partition") == how, (
+                f"{dataset}: validate accepted partition = {how!r} but the federation was split "
+                f"{fed.meta.get('partition', 'by its generator')!r}")
