@@ -82,6 +82,10 @@ done
 # --- CA ------------------------------------------------------------------
 if [[ -s ca.key && -s ca.crt ]]; then
     echo "CA: keeping $out/ca.crt"
+elif [[ -s ca.key ]]; then  # a new key would orphan every certificate and ca.crt already handed out
+    echo "make-certs: $out/ca.key exists without ca.crt: restore ca.crt (the nodes trust it), or move ca.key" \
+        "away to start a new CA (then re-deploy ca.crt to every node)" >&2
+    exit 1
 else
     openssl ecparam -name secp384r1 -genkey -noout -out ca.key
     openssl req -x509 -new -key ca.key -sha384 -days 3650 \
@@ -149,10 +153,29 @@ with open(f"{name}.pub", "wb") as f:
 EOF
     fi
 }
+node_pub_from_key() {  # $1 = basename: rewrite $1.pub from the existing private key $1.key
+    if command -v ssh-keygen >/dev/null; then
+        printf '%s privfed-%s\n' "$(ssh-keygen -y -f "$1.key")" "$1" >"$1.pub"
+    else
+        python3 - "$1" <<'EOF'
+import sys
+from cryptography.hazmat.primitives import serialization
+name = sys.argv[1]
+with open(f"{name}.key", "rb") as f:
+    key = serialization.load_ssh_private_key(f.read(), password=None)
+with open(f"{name}.pub", "wb") as f:
+    f.write(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+            + f" privfed-{name}\n".encode())
+EOF
+    fi
+}
 for ((i = 1; i <= num_nodes; i++)); do
     name="supernode-$i"
     if [[ -s "$name.key" && -s "$name.pub" ]]; then
         echo "SuperNode key $i: keeping $out/$name.key"
+    elif [[ -s "$name.key" ]]; then  # the registered private key stays: only its public half is rebuilt
+        node_pub_from_key "$name"
+        echo "SuperNode key $i: keeping $out/$name.key; rebuilt its missing $name.pub"
     else
         rm -f "$name.key" "$name.pub"
         make_node_key "$name"

@@ -95,6 +95,26 @@ def test_make_certs_rerun_without_options_keeps_docker_sans_and_key_modes(tmp_pa
     assert mode & 0o004, f"re-run made the container-mounted key unreadable again ({oct(mode)})"
 
 
+def test_make_certs_rerun_keeps_private_keys_whose_public_half_moved_away(tmp_path):
+    """The header promises "existing node keys are kept". A re-run after supernode-1.pub was handed out
+    (and not kept) made a new pair, locking the registered node out; after ca.crt moved away it made a
+    new CA key, orphaning every certificate it had signed (review of session 18). Now the node's .pub is
+    rebuilt from its key, and a CA key without its certificate stops the script."""
+    out = tmp_path / "certs"
+    mk = [str(DEPLOY / "make-certs.sh"), "-o", str(out), "-n", "2"]
+    subprocess.run(mk, check=True, capture_output=True, timeout=120)
+    key, pub = (out / "supernode-1.key").read_bytes(), (out / "supernode-1.pub").read_text()
+    ca_key = (out / "ca.key").read_bytes()
+    (out / "supernode-1.pub").unlink()
+    subprocess.run(mk, check=True, capture_output=True, timeout=120)
+    assert (out / "supernode-1.key").read_bytes() == key
+    assert (out / "supernode-1.pub").read_text().split()[:2] == pub.split()[:2]  # the same public key
+    (out / "ca.crt").rename(tmp_path / "ca.crt")
+    done = subprocess.run(mk, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "ca.key exists without ca.crt" in done.stderr, done
+    assert (out / "ca.key").read_bytes() == ca_key
+
+
 # --- local-federation.sh ------------------------------------------------------------
 
 
