@@ -92,8 +92,8 @@ case "$cmd" in
             i=$((i + 1))
         done
         ;;
-    down)
-        [[ -n "$prefix" ]] || die "--prefix is required"
+    down)  # the same check as up: the prefix is a regex in ours(), and '.' would match every namespace
+        [[ "$prefix" =~ ^[a-zA-Z0-9]{1,8}$ ]] || die "--prefix: 1-8 letters/digits"
         for ns in $(ours); do
             if [[ $kill == 1 ]]; then
                 for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null || true; done

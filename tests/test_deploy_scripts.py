@@ -224,3 +224,18 @@ def test_netns_hosts_up_leaves_no_namespace_on_a_bad_host_argument(tmp_path):
     assert r.returncode != 0
     left = state.read_text().split() if state.exists() else []
     assert not left, f"rejected `up` left namespaces behind: {left}"
+
+
+def test_netns_hosts_down_refuses_a_prefix_that_is_a_pattern(tmp_path):
+    """`down --prefix .` matched every namespace on the machine (the prefix is a regex); it is checked as
+    `up` checks it (review of session 18)."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "ip").write_text(FAKE_IP)
+    (fake_bin / "ip").chmod(0o755)
+    state = tmp_path / "netns"
+    state.write_text("someone-else\nrv-sw\n")
+    env = dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}", FAKE_IP_STATE=str(state))
+    r = subprocess.run([str(DEPLOY / "netns-hosts.sh"), "down", "--prefix", "."], env=env,
+                       capture_output=True, text=True, timeout=30)
+    assert r.returncode != 0 and state.read_text().split() == ["someone-else", "rv-sw"]
