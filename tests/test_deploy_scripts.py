@@ -227,7 +227,7 @@ def test_netns_hosts_up_leaves_no_namespace_on_a_bad_host_argument(tmp_path):
 
 
 def test_netns_hosts_down_refuses_a_prefix_that_is_a_pattern(tmp_path):
-    """`down --prefix .` matched every namespace on the machine (the prefix is a regex); it is checked as
+    """`down --prefix .*` matched every namespace on the machine (the prefix is a regex); it is checked as
     `up` checks it (review of session 18)."""
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
@@ -236,6 +236,6 @@ def test_netns_hosts_down_refuses_a_prefix_that_is_a_pattern(tmp_path):
     state = tmp_path / "netns"
     state.write_text("someone-else\nrv-sw\n")
     env = dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}", FAKE_IP_STATE=str(state))
-    r = subprocess.run([str(DEPLOY / "netns-hosts.sh"), "down", "--prefix", "."], env=env,
+    r = subprocess.run([str(DEPLOY / "netns-hosts.sh"), "down", "--prefix", ".*"], env=env,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and state.read_text().split() == ["someone-else", "rv-sw"]
