@@ -239,3 +239,13 @@ def test_netns_hosts_down_refuses_a_prefix_that_is_a_pattern(tmp_path):
     r = subprocess.run([str(DEPLOY / "netns-hosts.sh"), "down", "--prefix", ".*"], env=env,
                        capture_output=True, text=True, timeout=30)
     assert r.returncode != 0 and state.read_text().split() == ["someone-else", "rv-sw"]
+
+
+def test_start_supernode_refuses_node_config_repeating_a_key_it_sets(tmp_path):
+    """`--node-config 'state-dir=...'` repeated a key the script sets; Flower's parser then failed with "the
+    provided configuration string is in an invalid format" (review of session 18). The script names the option."""
+    env = dict(os.environ, HOME=str(tmp_path), PATH=f"{BIN}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run([str(DEPLOY / "start-supernode.sh"), "--superlink", "127.0.0.1:1", "--partition-id", "0",
+                        "--num-partitions", "2", "--insecure", "--state-dir", str(tmp_path / "s"),
+                        "--node-config", 'state-dir="/x"'], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and "--state-dir" in r.stderr, r.stderr
