@@ -7,7 +7,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client.node import local_client
+from client.node import local_client, owner_cap
 from client.privacy import (EARLIER_START, SERVER_STARTED, BudgetExhausted, EarlierStart, charges_recorded, claim,
                             ledger_path, refusal, report_and_fence)
 from client.resume import LINEAGE, resumable, snapshot_folder
@@ -97,6 +97,10 @@ def enroll(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     client = local_client(context)
+    if (cap := owner_cap(context.node_config)) is not None and not is_private(client.config):
+        return refusal(msg, BudgetExhausted(
+            f"refused: this node's data owner caps its epsilon at {cap:g} (node config max-epsilon), and this run "
+            "releases updates without a privacy mechanism"))
     base = update_rule(str(client.config["strategy"]), str(client.config["privacy"]))
     rule = resumable(base, snapshot_folder(client.config, context.node_config, client.partition))
     rule = private_release(checked(rule), client.config, rule_name(base))

@@ -4,12 +4,17 @@ and its data and model, kept per process across messages.
 A node learns who it is from its node config: `partition-id` and
 `num-partitions` (filled in by Flower's simulation; passed with
 `flower-supernode --node-config` in deployment), plus optional `data-dir`
-(beats the run config's, since data lives where the node is).
+(beats the run config's, since data lives where the node is) and
+`max-epsilon`, the data owner's own cap on its epsilon at the run's
+target-delta: the node's budget is the smaller of it and the run's
+target-epsilon, and such a node refuses a run without a privacy mechanism
+(principle 3: privacy is owned by the data owner, not the experimenter).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 from flwr.app import Context
@@ -18,6 +23,7 @@ from common.config import RunConfig, resolve_model_name, validate
 from common.data import load_client, load_federation
 from common.evaluation import pick_device
 from common.models import build_model
+from common.privacy.plan import is_private
 
 
 class NodeSetupError(ValueError):
@@ -29,12 +35,27 @@ def _config(items: tuple) -> RunConfig:
     return validate(dict(items))
 
 
+def owner_cap(node_config) -> float | None:
+    """The node config's `max-epsilon` (None if unset); NodeSetupError unless a finite number > 0."""
+    cap = node_config.get("max-epsilon")
+    if cap is None:
+        return None
+    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf:
+        raise NodeSetupError(f"node config max-epsilon must be a finite number > 0, got {cap!r}")
+    return float(cap)
+
+
 def node_run_config(context: Context) -> RunConfig:
-    """The validated run config with node-level overrides (data-dir) applied."""
+    """The validated run config with node-level overrides applied: data-dir, and the data owner's max-epsilon
+    as the budget where it is below the run's (a private run only: a non-private one is refused in train)."""
     raw = dict(context.run_config)
     if context.node_config.get("data-dir"):
         raw["data-dir"] = str(context.node_config["data-dir"])
-    return _config(tuple(sorted(raw.items())))
+    config = _config(tuple(sorted(raw.items())))
+    cap = owner_cap(context.node_config)
+    if cap is not None and is_private(config) and not 0 < config["target-epsilon"] <= cap:
+        config = _config(tuple(sorted({**raw, "target-epsilon": cap}.items())))
+    return config
 
 
 def partition_of(context: Context, config: RunConfig) -> int:
