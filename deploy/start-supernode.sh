@@ -98,8 +98,8 @@ if [[ -n "$data_dir" ]]; then
     checkpath "$data_dir"
     node_config+=" data-dir=\"$data_dir\""
 fi
-for key in partition-id num-partitions state-dir data-dir; do  # Flower's parser would fail on a repeat, obscurely
-    [[ " $extra_config" =~ [[:space:]]$key= ]] && die "--node-config sets $key, which has its own option (--$key)"
+for name in partition-id num-partitions state-dir data-dir; do  # Flower's parser would fail on a repeat, obscurely
+    [[ " $extra_config" =~ [[:space:]]$name= ]] && die "--node-config sets $name, which has its own option (--$name)"
 done
 [[ -n "$extra_config" ]] && node_config+=" $extra_config"
 

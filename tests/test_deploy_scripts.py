@@ -249,3 +249,25 @@ def test_start_supernode_refuses_node_config_repeating_a_key_it_sets(tmp_path):
                         "--num-partitions", "2", "--insecure", "--state-dir", str(tmp_path / "s"),
                         "--node-config", 'state-dir="/x"'], env=env, capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and "--state-dir" in r.stderr, r.stderr
+
+
+def test_start_supernode_passes_its_key_and_node_config_to_flower(tmp_path):
+    """What the script execs (a fake flower-supernode prints its arguments): the node key and CA as given, and
+    the extra node config after the script's own keys. The check above once reused the variable holding
+    the key path, and every authenticated node died with "node key 'data-dir' not found"."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "flower-supernode").write_text('#!/usr/bin/env bash\nprintf "%s\\n" "$@"\n')
+    (fake / "flower-supernode").chmod(0o755)
+    key, ca = tmp_path / "n.key", tmp_path / "ca.crt"
+    key.write_text("k")
+    ca.write_text("c")
+    env = dict(os.environ, HOME=str(tmp_path), PATH=f"{fake}{os.pathsep}{os.environ['PATH']}")
+    r = subprocess.run([str(DEPLOY / "start-supernode.sh"), "--superlink", "h:1", "--partition-id", "1",
+                        "--num-partitions", "2", "--key", str(key), "--ca", str(ca), "--state-dir", str(tmp_path / "s"),
+                        "--node-config", "max-epsilon=2"], env=env, capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    args = r.stdout.splitlines()
+    assert args[args.index("--auth-supernode-private-key") + 1] == str(key)
+    assert args[args.index("--root-certificates") + 1] == str(ca)
+    assert args[args.index("--node-config") + 1].endswith(" max-epsilon=2")
