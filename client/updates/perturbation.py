@@ -102,7 +102,8 @@ def objective_perturbed(base):
             reply = base(client, content, state)
         finally:
             linear_term.reset(token)
-        norm = float(torch.sqrt(sum((n.double() ** 2).sum() for n in noise.values())))
+        # on the CPU: an MPS device has no float64
+        norm = float(torch.sqrt(sum((n.detach().cpu().double() ** 2).sum() for n in noise.values())))
         return _with_metrics(reply, client, {"objective-noise-norm": norm})
 
     rule.__name__ = f"objective_perturbed_{getattr(base, '__name__', 'rule')}"
