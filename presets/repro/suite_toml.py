@@ -15,7 +15,7 @@ def toml_value(v) -> str:
 
 
 # Why a generated suite sets a key, written beside it in [suite.overrides].
-KEY_COMMENTS = {"dp-noise-seed": "measured with run-seed noise: keeps the suite bit-reproducible"}
+KEY_COMMENTS = {"dp-noise-seed": "run-seed noise: the same noise everywhere, bit-reproducible on the CPU"}
 RUN_SEED_NOISE = {"dp-noise-seed": "run-seed"}  # overrides of every suite that runs a private mechanism
 
 
