@@ -131,43 +131,39 @@ fi
 openssl verify -CAfile ca.crt server.pem >/dev/null
 
 # --- SuperNode key pairs ---------------------------------------------------
-make_node_key() {  # $1 = basename without extension
+make_node_key() {  # $1 = basename without extension: a new pair, $1.key and $1.pub
     if command -v ssh-keygen >/dev/null; then
         ssh-keygen -q -t ecdsa -b 384 -N "" -C "privfed-$1" -f "$1.key"
         mv "$1.key.pub" "$1.pub"
     else
-        # Same format without OpenSSH: cryptography ships with flwr.
-        python3 - "$1" <<'EOF'
-import sys
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-name = sys.argv[1]
-key = ec.generate_private_key(ec.SECP384R1())
-with open(f"{name}.key", "wb") as f:
-    f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-                              serialization.NoEncryption()))
-with open(f"{name}.pub", "wb") as f:
-    f.write(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
-                                          serialization.PublicFormat.OpenSSH)
-            + f" privfed-{name}\n".encode())
-EOF
+        node_key_tool new "$1"
     fi
 }
 node_pub_from_key() {  # $1 = basename: rewrite $1.pub from the existing private key $1.key
     if command -v ssh-keygen >/dev/null; then
         printf '%s privfed-%s\n' "$(ssh-keygen -y -f "$1.key")" "$1" >"$1.pub"
     else
-        python3 - "$1" <<'EOF'
+        node_key_tool pub "$1"
+    fi
+}
+node_key_tool() {  # $1 = new|pub, $2 = basename: the same OpenSSH formats without ssh-keygen
+    python3 - "$@" <<'EOF'  # cryptography ships with flwr
 import sys
 from cryptography.hazmat.primitives import serialization
-name = sys.argv[1]
-with open(f"{name}.key", "rb") as f:
-    key = serialization.load_ssh_private_key(f.read(), password=None)
+from cryptography.hazmat.primitives.asymmetric import ec
+mode, name = sys.argv[1:3]
+if mode == "new":
+    key = ec.generate_private_key(ec.SECP384R1())
+    with open(f"{name}.key", "wb") as f:
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
+                                  serialization.NoEncryption()))
+else:
+    with open(f"{name}.key", "rb") as f:
+        key = serialization.load_ssh_private_key(f.read(), password=None)
 with open(f"{name}.pub", "wb") as f:
     f.write(key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
             + f" privfed-{name}\n".encode())
 EOF
-    fi
 }
 for ((i = 1; i <= num_nodes; i++)); do
     name="supernode-$i"
