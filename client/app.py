@@ -84,8 +84,8 @@ def enroll(msg: Message, context: Context) -> Message:
         "num-examples": client.num_train,
     })
     if is_private(client.config) and client.config["checkpoint"]:  # its ledger outlives this server start
-        ask = msg.content.config_records.get(CONFIG, {})
-        started = ask.get(SERVER_STARTED) if type(ask.get(SERVER_STARTED)) is int else None  # older servers: none
+        started = msg.content.config_records.get(CONFIG, {}).get(SERVER_STARTED)
+        started = started if type(started) is int else None  # an older server sends none
         try:
             reply.update(report_and_fence(ledger_path(client.config, client.node_config, client.run_id,
                                                       client.partition), client.run_id, started))
