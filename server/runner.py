@@ -90,6 +90,18 @@ def retire(strategy, partition: int) -> None:
     strategy.retire(partition)
 
 
+def retire_excluded(grid, strategy, roster, log) -> None:
+    """Stop selecting the nodes secure aggregation leaves out for the rest of the run (an unusable masked
+    update, a withheld reveal): each selection of one would shrink a round by a client."""
+    active = set(active_partitions(strategy))
+    partition_of = {node: p for p, node in roster.node_of.items()}
+    for node, why in grid.excluded.items():
+        if partition_of.get(node) in active:
+            log(f"partition {partition_of[node]} (node {node}) is left out by secure aggregation ({why}); "
+                "it is no longer selected")
+            retire(strategy, partition_of[node])
+
+
 def account_round(planned: dict[int, list], strategy, roster, mirror: PrivacyMirror, messages, replies, log,
                   sent: set[int] | None = None) -> None:
     """Mirror the privacy each instruction spent (`planned`: `planned_by_partition`); retire refusing clients.
@@ -171,7 +183,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
                     sizes=[client.num_train for client in federation.clients])
     log(f"enrolled {len(roster.node_of)} clients ({sum(roster.num_examples.values())} training examples)")
 
-    device = pick_device("auto")  # the server's own device, whatever the clients use
+    device = pick_device(str(config["server-device"]))  # the server's own, whatever the clients use
     model = initial_model(config).to(device)
     x_test, y_test = load_test_set(config)
     arrays = model_to_arrays(model)
@@ -213,7 +225,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         metered.reset()
         t0 = time.perf_counter()
         if not active_partitions(strategy):
-            log(f"no client can train within its privacy budget; ending the run after round {server_round - 1}")
+            log("no client can train (each spent its privacy budget or was left out by secure aggregation); "
+                f"ending the run after round {server_round - 1}")
             break
         messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))
         planned = planned_by_partition(config, roster, messages)
@@ -224,6 +237,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         account_round(planned, strategy, roster, mirror, messages, replies, log, sent)
         if sent is not None and (unsent := declared(strategy, "not_sent", None)):  # e.g. ALI-DPFL's t
             unsent([p for p, node in roster.node_of.items() if node not in sent and p in planned])
+        if grid_for_strategy is not metered:
+            retire_excluded(grid_for_strategy, strategy, roster, log)
         aggregated, train_metrics = strategy.aggregate_train(server_round, replies)
         failure = failure or next((r.error.reason for r in replies
                                    if r.has_error() and r.error.code != BUDGET_EXHAUSTED), "")

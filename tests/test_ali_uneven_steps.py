@@ -115,3 +115,22 @@ def test_the_rows_tau_is_one_that_a_client_was_sent_when_a_node_is_left_out_agai
     assert set(delivered.values()) == {3}
     assert row["ali_tau"] == max(delivered.values()), (row["ali_tau"], delivered)
     assert s.history[-1]["ali_tau"] == max(delivered.values())
+
+
+@pytest.mark.timeout(180)
+def test_a_node_excluded_by_secure_aggregation_does_not_keep_a_finished_run_going(tmp_path):
+    """R_c = 13, R_s = 12. Node 0's masked update in round 1 is unusable, so secure aggregation leaves it
+    out for the rest of the run. The two others reach R_c in a few rounds; the run must then end, not
+    run aborted rounds (one usable node, fewer than secagg-min-survivors = 2) up to R_s because the
+    excluded partition still counts as active (session 18's note)."""
+    from tests.test_secagg_grid import Tamper
+
+    cfg = ali_config(tmp_path, steps_budget=13, rounds=12, **{"secure-aggregation": True,
+                                                                "secagg-min-survivors": 2})
+    client.node._local.clear()
+    with InProcessGrid("client.app:app", dict(cfg), CLIENTS, run_id=1) as grid:
+        results = run_federation(Tamper(grid, "empty vector"), cfg)
+    rows = rows_of(results)
+    assert [r.get("secagg_survivors") for r in rows[1:]] == [2] * (len(rows) - 1)
+    assert max(spent_fractions(cfg, 1)) <= 1.0
+    assert sorted(spent_fractions(cfg, 1))[1] >= 0.99  # the two others spent their budget

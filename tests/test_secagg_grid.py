@@ -4,12 +4,14 @@ bound, dropout recovery, nothing unmasked ever reaches the server, refusals."""
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
+from rich.console import Console
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 
 from client.secagg import RECORD, VECTOR, WORDS, secagg_params
@@ -349,3 +351,19 @@ def test_a_bad_enrollment_is_refused_without_crashing():
         secure.enroll(10.0)
         assert len(secure.server.enrolled) == 2
         assert sum("bad enrollment" in line for line in logs) == 2
+
+
+@pytest.mark.timeout(180)
+def test_a_node_excluded_for_the_run_is_no_longer_sampled(tmp_path):
+    """A node whose masked update is unusable is left out of every later round. The strategy must stop
+    sampling it: otherwise each round that draws it runs with one client fewer than fraction-train says
+    (session 18's note; here 2 of 3 instead of 3)."""
+    config = validate({**BASE, "num-clients": 6, "fraction-train": 0.5, "num-rounds": 6, "seed": 3,
+                       "secure-aggregation": True, "results-dir": str(tmp_path), "run-name": "excluded"})
+    printed = io.StringIO()
+    with InProcessGrid(CLIENT_APP, dict(config), 6) as grid:
+        out = run_federation(Tamper(grid, "empty vector"), config, Console(file=printed))
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0]["secagg_survivors"] == 0  # round 1 aborted on the unusable update
+    assert [r["clients"] for r in rows[1:]] == [3] * 5
+    assert "is no longer selected" in printed.getvalue()
