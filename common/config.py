@@ -123,6 +123,8 @@ SCHEMA: dict[str, Key] = {
     "momentum": Key(0.0, "local SGD momentum (reset every round; ali-dpfl with the dp-secant mu estimator: "
                     "must be 0)", low=0.0, high=1.0),
     "device": Key("auto", "where clients train", choices=("auto", "cpu", "cuda", "mps")),
+    "server-device": Key("auto", "where the server evaluates the global model (and trains it: FedLAP-DP)",
+                         choices=("auto", "cpu", "cuda", "mps")),
     # Upcycled-FL and base algorithms
     "upcycled": Key(False, "Upcycled-FL: odd rounds run the base strategy; even rounds contact no client and set "
                     "w2m = w2m-1 + theta_m (w2m-1 - w2m-2) on the server"),

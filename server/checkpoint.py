@@ -95,7 +95,7 @@ INLINE_VERSION = 2  # still resumed: rows and mirror inline
 # keys that may differ between the interrupted run and the resumed one (not num-rounds: strategies
 # plan with it, e.g. DP-FedAvg's participation schedule and noise calibration, ALI's tau*;
 # nor state-dir: the nodes' ledgers live there, and a moved one would open empty, resetting every budget)
-MAY_CHANGE = frozenset({"round-timeout", "node-wait-timeout", "poll-interval", "device",
+MAY_CHANGE = frozenset({"round-timeout", "node-wait-timeout", "poll-interval", "device", "server-device",
                         "checkpoint-dir", "results-dir", "data-dir"})
 
 

@@ -59,3 +59,21 @@ def test_objective_perturbation_runs_on_an_accelerator_without_float64(tmp_path,
     with _NoFloat64OnAccelerator():
         reply = update_rule("fedprox", "objective")(client, content, RecordDict())
     assert reply[METRICS]["objective-noise-norm"] > 0
+
+
+@pytest.mark.parametrize("strategy, extra", [("fedavg", {}), ("fedlap", {"fedlap-dsa": False})])
+def test_server_device_cpu_keeps_the_server_off_a_gpu(tmp_path, monkeypatch, strategy, extra):
+    """On a machine with a GPU, device = "cpu" keeps the clients on the CPU, and server-device = "cpu"
+    the server's evaluation and FedLAP-DP's server training (run-seed runs are bit-reproducible on the
+    CPU only). Emulated: CUDA reports itself available, and any move to it fails (this torch has none)."""
+    import json
+
+    from server.inprocess_grid import InProcessGrid
+    from server.runner import run_federation
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    cfg = validate({**SMALL, "strategy": strategy, "num-rounds": 1, "device": "cpu", "server-device": "cpu",
+                    "results-dir": str(tmp_path), "run-name": strategy, "state-dir": str(tmp_path / "state"), **extra})
+    with InProcessGrid("client.app:app", dict(cfg), 3) as grid:
+        out = run_federation(grid, cfg)
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 1

@@ -134,7 +134,8 @@ class FedLap(RosterSampling, FlowerFedAvg):
         from common.evaluation import pick_device
 
         # the server's own device, as the runner's (server training is the heavy part on a GPU machine)
-        self.model = build_model(name, self.input_shape, self.num_classes).to(pick_device("auto"))
+        self.model = build_model(name, self.input_shape, self.num_classes).to(
+            pick_device(str(config["server-device"])))
         self.last_radius: float | None = None
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
