@@ -19,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import time
 from pathlib import Path
 from typing import Iterator, Mapping
 
@@ -136,10 +137,12 @@ class StaleInstruction(RuntimeError):
 
 
 class EarlierStart(RuntimeError):
-    """An enrollment of a server start that began before the one this node's fence holds (`report_and_fence`)."""
+    """An enrollment the fence refuses (`report_and_fence`): of a server start that began before the one the
+    fence holds, or one whose start time is far ahead of this node's clock."""
 
 
 SERVER_STARTED = "server-started"  # enrollment-query key: when the enrolling server start enrolled (ns)
+CLOCK_AHEAD_LIMIT_NS = 3600 * 10**9  # a start this far ahead of the node's clock would lock the fence: refused
 
 
 def report_and_fence(path: Path, server_run: int, started: int | None = None) -> dict[str, int | str]:
@@ -153,6 +156,8 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
     run ids are random, so this orders the starts: an enrollment of an earlier start than the fence's
     (a dead start's, delivered late) leaves the fence where it is and is refused (EarlierStart), as is a
     live start whose host's clock is behind the fence's: it must not run rounds every node refuses.
+    A start more than CLOCK_AHEAD_LIMIT_NS ahead of the node's clock is refused too (a broken clock would
+    otherwise lock the fence until the node's clock caught up).
     Without it (an older server), the last enrollment wins.
 
     The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`
@@ -162,6 +167,11 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
         ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger()
         fence = _beside(path, ".server-run")
         held_run, held_start = _fence(fence)
+        if started is not None and started > (now := time.time_ns()) + CLOCK_AHEAD_LIMIT_NS:
+            raise EarlierStart(
+                f"this server start enrolled at server time {started} ns, {(started - now) / 3.6e12:.1f} h ahead "
+                f"of this node's clock ({now} ns): the fence would refuse every later start until then. Fix "
+                "the server's clock (or this node's)")
         if started is not None and held_run is not None and started < held_start:
             raise EarlierStart(
                 f"Flower run {held_run} of run-name {path.parent.name.removeprefix('name-')!r} enrolled this node "

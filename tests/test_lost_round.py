@@ -159,6 +159,22 @@ def test_a_late_enrollment_of_an_earlier_start_leaves_the_fence(tmp_path):
     assert PrivacyLedger.load(ledger.path).steps() == 3
 
 
+def test_a_start_time_far_ahead_of_the_nodes_clock_is_refused_and_leaves_the_fence(tmp_path):
+    """A server whose clock is wrong by years would set a fence no later start could pass (each would be
+    refused as earlier) until someone deleted the file. An enrollment more than an hour ahead of the node's
+    clock is refused, naming both clocks, and the fence stays with the last believable start."""
+    import time
+
+    ledger = PrivacyLedger.open(tmp_path / "partition-0.ledger.json", owner="partition-0")
+    now = time.time_ns()
+    report_and_fence(ledger.path, server_run=9, started=now)
+    with pytest.raises(EarlierStart, match="ahead of this node's clock"):
+        report_and_fence(ledger.path, server_run=10, started=now + 10 * 365 * 86400 * 10**9)
+    charge(ledger, BUDGET, [steps(3, 1)], server_run=9)  # the fence still holds the start that enrolled before
+    report_and_fence(ledger.path, server_run=11, started=now + 60 * 10**9)  # a minute of skew is fine
+    assert PrivacyLedger.load(ledger.path).steps() == 3
+
+
 @pytest.mark.parametrize("content", ["x y", "", "12 nan", "-"])
 def test_a_damaged_fence_is_no_fence(tmp_path, content):
     """A fence file that does not parse neither blocks every charge nor crashes enrollment: the next enrollment
