@@ -228,3 +228,15 @@ def test_invalid_inputs_are_refused():
         acc.dpsgd_epsilon(0.1, 1.0, 10, DELTA, orders="bogus")
     with pytest.raises(ValueError, match="ali-code"):
         acc.max_steps(1.0, DELTA, 0.1, 1.0, accountant="pld", search="ali-code")
+
+
+@pytest.mark.parametrize("accountant,kw", [("ali-eq12", {}), ("rdp", {"conversion": "classic"})])
+def test_a_ledger_of_zero_steps_reports_zero_epsilon(accountant, kw):
+    """A zero-step DP-SGD entry composes to a NoOpDpEvent, an all-zero RDP curve; the classic conversion
+    made that log(1/delta)/(a_max - 1) (0.0225 at delta 1e-5 on ALI's orders) instead of 0 (review of
+    session 19)."""
+    assert acc.dpsgd_epsilon(0.015, 1.1, 0, DELTA) == 0.0
+    ledger = PrivacyLedger()
+    ledger.record(dpsgd_steps(0.015, 1.1, 0))
+    assert ledger.epsilon(DELTA, accountant, **kw) == 0.0
+    assert not ledger.would_exceed([], 0.01, DELTA, accountant, **kw)

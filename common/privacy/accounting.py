@@ -107,6 +107,8 @@ def rdp_to_epsilon(orders: Sequence[float], rdp: Sequence[float], delta: float,
     """(epsilon, optimal order) of an RDP curve at `delta` by `conversion`."""
     delta = _check_delta(delta)
     rdp = np.nan_to_num(np.asarray(rdp, dtype=float), nan=np.inf, posinf=np.inf)  # a nan order is unusable
+    if not np.any(rdp):  # no loss at any order (zero steps): the classic bound's log(1/delta)/(a-1) is slack
+        return 0.0, float(orders[-1])
     if conversion == "balle":
         eps, order = rdp_privacy_accountant.compute_epsilon(orders, rdp, delta)
         return float(eps), float(order)
