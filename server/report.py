@@ -56,6 +56,7 @@ import numpy as np
 
 from common.config import ConfigError, validate
 from common.durable import write_atomically
+from server.results import is_measured
 
 APP_DIR = Path(__file__).resolve().parents[1]
 PRESETS_DIR = APP_DIR / "presets"
@@ -90,6 +91,8 @@ def _best_accuracy(rows, summary, param):
 def _accuracy_at_round(rows, summary, param):
     for r in rows:
         if r["round"] == int(param):
+            if r.get("evaluated") is False:  # eval-every > 1: its accuracy is a copy of an earlier round's
+                return math.nan, f"round {int(param)} was not evaluated (eval-every)"
             return float(r["accuracy"]), None
     return math.nan, f"round {int(param)} not reached"
 
@@ -461,7 +464,7 @@ class CellResult:
 
     @property
     def diff(self) -> float | None:
-        return None if self.mean is None or self.cell.paper is None else self.mean - self.cell.paper
+        return None if self.mean is None or self.cell.paper is None else mean_difference(self.mean, self.cell.paper)
 
 
 def mean_difference(a: float, b: float) -> float:
@@ -494,11 +497,13 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
             summary = json.loads((run_dir / "summary.json").read_text())
             if summary.get("failed_replies"):  # counted, and said: not quite the planned experiment
                 res.notes.append(f"seed {seed}: {summary['failed_replies']} train replies failed or timed out")
+            if summary.get("rounds", 0) < summary.get("planned_rounds", 0):  # its final model is an earlier one
+                res.notes.append(f"seed {seed}: ended after round {summary['rounds']} of {summary['planned_rounds']} "
+                                 "(no client could train further: budgets spent, or clients left out)")
             value, note = metric.fn(rows, summary, suite.metric_param)
             res.values.append(value * suite.scale)
             res.seeds.append(seed)
-            res.curves.append([(r["accuracy"] if r.get("accuracy") is not None else math.nan) * suite.scale
-                               for r in rows])
+            res.curves.append([r["accuracy"] * suite.scale if is_measured(r) else math.nan for r in rows])
             res.run_seconds.append(float(summary.get("wall_seconds") or 0.0))
             if note and note not in res.notes:
                 res.notes.append(note)
@@ -631,9 +636,10 @@ def plot_curves(suite: Suite, results: list[CellResult], out_dir: Path) -> list[
             if length == 0:
                 continue
             arr = np.array([c[:length] for c in r.curves], dtype=float)
+            measured = ~np.all(np.isnan(arr), axis=0)  # eval-every > 1: only the evaluated rounds
+            arr, x = arr[:, measured], np.arange(1, length + 1)[measured]
             mean, std = np.nanmean(arr, axis=0), np.nanstd(arr, axis=0)
-            x = np.arange(1, length + 1)
-            ax.plot(x, mean, label=f"{r.cell.row} (n={len(r.curves)})")
+            ax.plot(x, mean, label=f"{r.cell.row} (n={len(r.curves)})", marker="." if len(x) < 40 else None)
             ax.fill_between(x, mean - std, mean + std, alpha=0.2)
             drawn = True
         if not drawn:

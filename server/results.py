@@ -184,10 +184,17 @@ def _plot(xs: list, ys: list, xlabel: str, path: Path, title: str) -> Path:
     return path
 
 
+def is_measured(row: Mapping[str, Any]) -> bool:
+    """The row's accuracy was measured at its round: not a copy carried by a round eval-every skipped."""
+    return row.get("accuracy") is not None and row.get("evaluated") is not False
+
+
 def plot_accuracy(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path:
+    rows = [r for r in rows if is_measured(r)]
     return _plot([r["round"] for r in rows], [r["accuracy"] for r in rows], "round", path, title)
 
 
 def plot_accuracy_vs_epsilon(rows: list[Mapping[str, Any]], path: Path, title: str) -> Path:
     label = f"epsilon spent (max over clients, delta = {rows[-1]['delta']}, {rows[-1]['accountant']})"
+    rows = [r for r in rows if is_measured(r)]
     return _plot([r["epsilon_max"] for r in rows], [r["accuracy"] for r in rows], label, path, title)

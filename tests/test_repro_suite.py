@@ -224,3 +224,83 @@ def test_epsilon_notes_name_their_cells_when_they_differ():
     shared, pld = "epsilon from the rdp accountant", "epsilon from the pld accountant"
     lines = _epsilon_notes([result("a", shared), result("b", shared, pld), result("empty")])
     assert lines == [f"- {shared}", f"- {pld} (b / c)"], lines
+
+
+# --- rounds eval-every skipped, runs that ended early (review of session 19) ---------------------------
+def eval_every_rows():
+    """eval-every = 2: rounds 1 and 3 are not evaluated; their accuracy repeats the last evaluation (round 1:
+    the initial model's)."""
+    row = {"loss": 1.0, "accountant": "rdp", "delta": 1e-5}
+    return [{**row, "round": 1, "accuracy": 0.06, "epsilon_max": 2.13, "evaluated": False},
+            {**row, "round": 2, "accuracy": 0.50, "epsilon_max": 2.41, "evaluated": True},
+            {**row, "round": 3, "accuracy": 0.50, "epsilon_max": 2.60, "evaluated": False},
+            {**row, "round": 4, "accuracy": 0.70, "epsilon_max": 2.75, "evaluated": True}]
+
+
+def plotted_points(monkeypatch, draw) -> list[tuple[float, float]]:
+    """Every (x, y) of every line the figures `draw` saves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.figure
+
+    points: list[tuple[float, float]] = []
+
+    def capture(fig, *args, **kwargs):
+        for ax in fig.axes:
+            for line in ax.get_lines():
+                points.extend(zip(map(float, line.get_xdata()), map(float, line.get_ydata())))
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", capture)
+    draw()
+    return points
+
+
+def test_accuracy_at_a_round_that_was_not_evaluated_is_no_value():
+    value, note = METRICS["accuracy-at-round"].fn(eval_every_rows(), {}, 3.0)
+    assert math.isnan(value) and "not evaluated" in note, (value, note)
+
+
+def test_run_plots_draw_only_evaluated_rounds(monkeypatch, tmp_path):
+    """Round 1's row holds the initial model's accuracy beside the epsilon after round 1, round 3's a copy of
+    round 2's: points no model had."""
+    from server.results import plot_accuracy, plot_accuracy_vs_epsilon
+
+    rows = eval_every_rows()
+    points = plotted_points(monkeypatch, lambda: plot_accuracy_vs_epsilon(rows, tmp_path / "e.png", "t"))
+    assert points == [(2.41, 0.50), (2.75, 0.70)], points
+    points = plotted_points(monkeypatch, lambda: plot_accuracy(rows, tmp_path / "a.png", "t"))
+    assert points == [(2.0, 0.50), (4.0, 0.70)], points
+
+
+def one_cell_runs(tmp_path, runs: dict[int, tuple[dict, list[dict]]]):
+    """The tiny suite's first cell with the given seed -> (summary fields, metrics rows) runs."""
+    folder = tmp_path / "suites" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "suite.toml").write_text(SUITE)
+    suite = load_suite(str(folder))
+    cell = suite.cells[0]
+    out = tmp_path / "out" / suite.name
+    for seed, (summary, rows) in runs.items():
+        run = out / cell.folder / f"s{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, seed), **summary}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out, suite
+
+
+def test_report_curves_draw_only_evaluated_rounds(monkeypatch, tmp_path):
+    out, suite = one_cell_runs(tmp_path, {1: ({}, eval_every_rows())})
+    points = plotted_points(monkeypatch, lambda: render_report(out, suite, plots=True))
+    curve = [p for p in points if p[0] in (1.0, 2.0, 3.0, 4.0) and p[1] < 100.5]  # not the ours-vs-paper axes
+    assert (2.0, 50.0) in curve and (1.0, 6.0) not in curve and (3.0, 50.0) not in curve, curve
+
+
+def test_report_notes_a_seed_whose_run_ended_before_its_planned_rounds(tmp_path):
+    """Seed 1 ended after round 1 of 2 (every client retired): its final model is round 1's, averaged with
+    seed 2's round-2 model; the report must say so."""
+    rows = [{"round": r, "accuracy": 0.5, "loss": 1.0} for r in (1, 2)]
+    out, suite = one_cell_runs(tmp_path, {1: ({"rounds": 1, "planned_rounds": 2}, rows[:1]),
+                                          2: ({"rounds": 2, "planned_rounds": 2}, rows)})
+    md, _ = render_report(out, suite, plots=False)
+    assert "seed 1: ended after round 1 of 2" in md.read_text().split("## Notes")[1]
