@@ -430,6 +430,11 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                           "secant (server/ali_mu.py), and momentum carries each step's noise into later steps, so "
                           "noise alone would read as curvature and give a spurious mu: set momentum = 0.0 (the "
                           "paper's plain SGD)")
+    if v["strategy"] == "pfedme" and (step := v["lr"] * (v["pfedme-lambda"] + v["pfedme-mu"])) >= 2:
+        raise ConfigError(f"strategy 'pfedme' with lr * (pfedme-lambda + pfedme-mu) = {step:g} >= 2: its personal "
+                          "step theta <- theta (1 - lr (lambda + mu)) + lr (lambda w - g) then grows theta by "
+                          "|1 - lr (lambda + mu)| >= 1 per inner step whatever the data, and the run diverges; "
+                          "lower lr or pfedme-lambda (the authors: lr * lambda < 1)")
     if v["upcycled"] and v["strategy"] in NOT_UPCYCLED:
         raise ConfigError(f"strategy {v['strategy']!r} cannot run with upcycled = true: {NOT_UPCYCLED[v['strategy']]}")
     if v["upcycled"] and v["upcycled-lambda"] > 0 and v["upcycled-mu"] == 0:

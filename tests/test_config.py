@@ -74,3 +74,11 @@ def test_upcycled_refuses_strategies_it_cannot_wrap(strategy):
         raw.update({"privacy": "dpsgd", "target-epsilon": 2.0, "local-steps": 1})
     with pytest.raises(ConfigError, match="cannot run with upcycled = true"):
         validate(raw)
+
+
+def test_a_pfedme_step_that_diverges_whatever_the_data_is_refused():
+    """pFedMe's personal step scales theta by |1 - lr (lambda + mu)| per inner step: lr 0.2 with the default
+    lambda 15 (factor 2 per step) blew up to a loss of 2e6 and a 6 % "result" (review of session 19)."""
+    with pytest.raises(ConfigError, match="pfedme-lambda"):
+        validate({"strategy": "pfedme", "lr": 0.2})
+    validate({"strategy": "pfedme", "lr": 0.1})  # the default: factor 0.5
