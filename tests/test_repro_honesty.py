@@ -257,3 +257,13 @@ def test_ali_claims_count_a_mean_exactly_one_and_a_half_points_from_the_paper_as
     summary, out = _claims_json("ali-table2/claims.py", "ali-table2", tmp_path)
     assert "+1.50" in out
     assert summary["ali_within_1.5_points_of_paper"] == "8/8", out
+
+
+def test_plot_epsilon_legend_counts_each_points_seeds_when_they_differ():
+    """The sweep curve's legend said n of its first point only: a later point over fewer seeds was
+    labelled with the first point's count (review of session 19)."""
+    spec = importlib.util.spec_from_file_location("plot_epsilon", REPO / "presets/repro/zcdp-adult/plot_epsilon.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.seed_counts([(1.0, (80.0, 1.0, 5)), (2.0, (81.0, 1.0, 5))]) == "5"
+    assert module.seed_counts([(1.0, (80.0, 1.0, 5)), (2.0, (81.0, 1.0, 3))]) == "5/3"

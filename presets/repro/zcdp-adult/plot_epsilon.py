@@ -37,6 +37,12 @@ def paired(with_sa, without) -> str:
     return f"{wins}/{len(seeds)} seeds" + (f" ({ties} tied)" if ties else "")
 
 
+def seed_counts(pts) -> str:
+    """The seeds behind a curve's points: one number, or each point's where they differ."""
+    counts = sorted({n for _, (_, _, n) in pts})
+    return str(counts[0]) if len(counts) == 1 else "/".join(str(n) for _, (_, _, n) in pts)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", nargs="?", default="results/repro/zcdp-adult", help="the suite's results folder")
@@ -66,7 +72,7 @@ def main() -> int:
             if "sweep" in row and pts:
                 xs = [p[0] for p in pts]
                 ax.errorbar(xs, [p[1][0] for p in pts], yerr=[p[1][1] for p in pts], marker="o", capsize=3,
-                            label=f"{row} (n={pts[0][1][2]})")
+                            label=f"{row} (n={seed_counts(pts)})")
             elif "non-private" in row and "non-private" in cols:
                 ax.axhline(cols["non-private"][0], ls="--", color="gray", label=row)
             elif pts:
