@@ -168,23 +168,31 @@ def test_every_shipped_suite_loads_and_validates():
         assert suite.cells and suite.seeds, name
 
 
+def one_cell_runs(tmp_path, runs: dict[int, tuple[dict, list[dict]]], suite_text: str = SUITE):
+    """The tiny suite's first cell with the given seed -> (summary fields, metrics rows) runs."""
+    folder = tmp_path / "suites" / "tiny"
+    folder.mkdir(parents=True)
+    (folder / "suite.toml").write_text(suite_text)
+    suite = load_suite(str(folder))
+    cell = suite.cells[0]
+    out = tmp_path / "out" / suite.name
+    for seed, (summary, rows) in runs.items():
+        run = out / cell.folder / f"s{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, seed), **summary}))
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out, suite
+
+
 # --- n_seeds and null epsilons (review, session 12) ------------------------------------
 def test_report_n_seeds_is_the_number_of_runs_in_the_mean(tmp_path):
     """Seed 2 diverged: its final loss is NaN, written as null. The mean (1.0) is over seed 1 only, yet
     report.csv says n_seeds = 2 and report.md shows no [n=1]: the diverged run silently leaves the mean."""
-    folder = tmp_path / "suites" / "tiny"
-    folder.mkdir(parents=True)
-    (folder / "suite.toml").write_text(SUITE.replace("scale = 100.0", 'metric = "final-loss"'))
-    suite = load_suite(str(folder))
-    cell = suite.cells[0]
-    suite_dir = tmp_path / "out" / suite.name
-    for seed, loss in ((1, 1.0), (2, None)):
-        run = suite_dir / cell.folder / f"s{seed}"
-        run.mkdir(parents=True)
-        (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, seed)}))
-        (run / "metrics.jsonl").write_text(json.dumps({"round": 2, "accuracy": 0.5, "loss": loss}) + "\n")
-    render_report(suite_dir, suite, plots=False)
-    with (suite_dir / "report.csv").open() as fh:
+    out, suite = one_cell_runs(tmp_path, {seed: ({}, [{"round": 2, "accuracy": 0.5, "loss": loss}])
+                                          for seed, loss in ((1, 1.0), (2, None))},
+                               SUITE.replace("scale = 100.0", 'metric = "final-loss"'))
+    render_report(out, suite, plots=False)
+    with (out / "report.csv").open() as fh:
         row = next(csv.DictReader(fh))
     assert row["ours_mean"] == "" or int(row["n_seeds"]) == 1, row
 
@@ -199,17 +207,8 @@ def test_accuracy_at_epsilon_reads_a_null_epsilon_as_infinite(tmp_path):
 
 
 def test_the_difference_table_marks_a_mean_over_fewer_seeds_than_planned(tmp_path):
-    folder = tmp_path / "suites" / "tiny"
-    folder.mkdir(parents=True)
-    (folder / "suite.toml").write_text(SUITE)
-    suite = load_suite(str(folder))
-    cell = suite.cells[0]
-    suite_dir = tmp_path / "out" / suite.name
-    run = suite_dir / cell.folder / "s1"  # seed 2 never ran
-    run.mkdir(parents=True)
-    (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, 1)}))
-    (run / "metrics.jsonl").write_text(json.dumps({"round": 2, "accuracy": 0.79, "loss": 1.0}) + "\n")
-    md, _ = render_report(suite_dir, suite, plots=False)
+    out, suite = one_cell_runs(tmp_path, {1: ({}, [{"round": 2, "accuracy": 0.79, "loss": 1.0}])})  # no seed 2
+    md, _ = render_report(out, suite, plots=False)
     difference = md.read_text().split("## Difference")[1]
     assert "-1.00 [n=1]" in difference, difference
 
@@ -271,22 +270,6 @@ def test_run_plots_draw_only_evaluated_rounds(monkeypatch, tmp_path):
     assert points == [(2.41, 0.50), (2.75, 0.70)], points
     points = plotted_points(monkeypatch, lambda: plot_accuracy(rows, tmp_path / "a.png", "t"))
     assert points == [(2.0, 0.50), (4.0, 0.70)], points
-
-
-def one_cell_runs(tmp_path, runs: dict[int, tuple[dict, list[dict]]]):
-    """The tiny suite's first cell with the given seed -> (summary fields, metrics rows) runs."""
-    folder = tmp_path / "suites" / "tiny"
-    folder.mkdir(parents=True)
-    (folder / "suite.toml").write_text(SUITE)
-    suite = load_suite(str(folder))
-    cell = suite.cells[0]
-    out = tmp_path / "out" / suite.name
-    for seed, (summary, rows) in runs.items():
-        run = out / cell.folder / f"s{seed}"
-        run.mkdir(parents=True)
-        (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, seed), **summary}))
-        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return out, suite
 
 
 def test_report_curves_draw_only_evaluated_rounds(monkeypatch, tmp_path):
