@@ -7,7 +7,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from client.node import local_client, owner_cap
+from client.node import local_client, owner_cap, owner_refusal
 from client.privacy import (EARLIER_START, SERVER_STARTED, BudgetExhausted, EarlierStart, charges_recorded, claim,
                             ledger_path, refusal, report_and_fence)
 from client.resume import LINEAGE, resumable, snapshot_folder
@@ -97,10 +97,9 @@ def enroll(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     client = local_client(context)
-    if (cap := owner_cap(context.node_config)) is not None and not is_private(client.config):
-        return refusal(msg, BudgetExhausted(
-            f"refused: this node's data owner caps its epsilon at {cap:g} (node config max-epsilon), and this run "
-            "releases updates without a privacy mechanism"))
+    instruction = msg.content.config_records.get(CONFIG, ConfigRecord())
+    if why := owner_refusal(context.node_config, client.config, instruction, client.num_train):
+        return refusal(msg, BudgetExhausted(why))
     base = update_rule(str(client.config["strategy"]), str(client.config["privacy"]))
     rule = resumable(base, snapshot_folder(client.config, context.node_config, client.partition))
     rule = private_release(checked(rule), client.config, rule_name(base))
@@ -176,6 +175,9 @@ def evaluate_local(msg: Message, context: Context) -> Message:
     if is_private(client.config):  # loss and accuracy of server-chosen models probe the test records
         raise PermissionError("a private run releases no client-side evaluation (it is outside the privacy "
                               "accounting): evaluate the global model on the server")
+    if owner_cap(context.node_config) is not None:
+        raise PermissionError("this node's data owner caps its epsilon (node config max-epsilon): it releases "
+                              "no client-side evaluation, which no privacy mechanism covers")
     load_arrays(client.model, msg.content[ARRAYS])
     loss, accuracy = evaluate(client.model, client.x_test, client.y_test, client.device)
     metrics = MetricRecord({NUM_EXAMPLES: len(client.y_test), "loss": loss, "accuracy": accuracy})

@@ -23,7 +23,7 @@ from common.config import RunConfig, resolve_model_name, validate
 from common.data import load_client, load_federation
 from common.evaluation import pick_device
 from common.models import build_model
-from common.privacy.plan import is_private
+from common.privacy.plan import is_private, planned_entries
 
 
 class NodeSetupError(ValueError):
@@ -43,6 +43,31 @@ def owner_cap(node_config) -> float | None:
     if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf:
         raise NodeSetupError(f"node config max-epsilon must be a finite number > 0, got {cap!r}")
     return float(cap)
+
+
+def owner_refusal(node_config, config: RunConfig, instruction, dataset_size: int) -> str | None:
+    """Why a node whose owner caps its epsilon (`max-epsilon`) refuses this instruction, if it does. The run
+    config is the experimenter's, i.e. the server's: a cap holds only for an epsilon that is a guarantee
+    against the server. None: no cap, or nothing to refuse (a malformed instruction is the rule's to refuse)."""
+    cap = owner_cap(node_config)
+    if cap is None:
+        return None
+    why = None
+    if not is_private(config):
+        why = "this run releases updates without a privacy mechanism"
+    elif config["dp-noise-seed"] != "secret":
+        why = (f"this run's noise is derived from its seed (dp-noise-seed = {config['dp-noise-seed']!r}): whoever "
+               "knows the run config, the server included, can regenerate and subtract it")
+    else:
+        try:
+            entries = planned_entries(config, instruction, dataset_size=dataset_size)
+        except Exception:  # noqa: BLE001  (the rule refuses a malformed instruction with its own error)
+            return None
+        assumed = sorted({e.params["assumption"] for e in entries if "assumption" in e.params})
+        if assumed:
+            why = f"this run's epsilon is not a guarantee: it assumes {'; and '.join(assumed)}"
+    return None if why is None else (f"refused: this node's data owner caps its epsilon at {cap:g} (node config "
+                                     f"max-epsilon), and {why}")
 
 
 def node_run_config(context: Context) -> RunConfig:

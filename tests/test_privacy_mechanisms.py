@@ -59,6 +59,18 @@ def test_output_perturbation_model_and_update_modes():
     assert all(torch.equal(a[k], b[k]) for k in a)  # reproducible from the generator
 
 
+def test_output_perturbation_pairs_the_reference_by_name():
+    """A server may send the model's arrays in another order (load_arrays loads by name): the update
+    w - w_global was paired by position, subtracting the bias from the weight, and the node crashed after
+    charging its ledger (review of session 19)."""
+    model = {"w": torch.full((5,), 1.0), "b": torch.full((3,), 2.0)}
+    ref = {"b": torch.full((3,), 1.5), "w": torch.full((5,), 0.5)}
+    out = output_perturbation(model, clip_norm=100.0, noise_std=0.0, reference=ref)
+    assert all(torch.equal(out[k], model[k]) for k in model)
+    with pytest.raises(ValueError, match="names"):
+        output_perturbation(model, clip_norm=1.0, noise_std=0.0, reference={"w": ref["w"], "c": ref["b"]})
+
+
 def test_add_gaussian_noise_keeps_dtype_and_shape():
     t = [torch.zeros(3, 3, dtype=torch.float64), torch.zeros(2, dtype=torch.float32)]
     out = add_gaussian_noise(t, 1.0, _gen())

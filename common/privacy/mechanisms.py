@@ -79,7 +79,13 @@ def output_perturbation(tensors: Tensors, *, clip_norm: float, noise_std: float,
     if reference is None:
         clipped, _ = clip_by_l2_norm(tensors, clip_norm)
         return add_gaussian_noise(clipped, noise_std, generator)
-    values, refs = _values(tensors), _values(reference)
+    values = _values(tensors)
+    if isinstance(tensors, Mapping) and isinstance(reference, Mapping):  # by name: the order may differ
+        if tensors.keys() != reference.keys():
+            raise ValueError("model and reference have different tensor names")
+        refs = [reference[k] for k in tensors]
+    else:
+        refs = _values(reference)
     if len(values) != len(refs):
         raise ValueError("model and reference have different numbers of tensors")
     delta = [v.detach() - r.detach() if v.is_floating_point() else v.detach().clone() for v, r in zip(values, refs)]
