@@ -21,7 +21,7 @@ from common.evaluation import evaluate, pick_device
 from common.models import build_model
 from common.records import arrays_nbytes, load_arrays, model_to_arrays
 from client.privacy import BUDGET_EXHAUSTED, ledger_path
-from common.privacy.plan import planned_entries
+from common.privacy.plan import is_private, planned_entries
 from common.records import CONFIG
 from server.checkpoint import Checkpointer
 from server.report import epsilon_note
@@ -88,6 +88,18 @@ def retire(strategy, partition: int) -> None:
     while not hasattr(strategy, "retire") and hasattr(strategy, "base"):
         strategy = strategy.base
     strategy.retire(partition)
+
+
+def delta_warning(config: RunConfig, sizes: Iterable[int]) -> str | None:
+    """A warning when target-delta is no longer small: at delta >= 1/|D_i| a mechanism that publishes one
+    record of D_i outright is (0, delta)-DP, so the epsilon printed guarantees nothing."""
+    smallest = min(sizes, default=0)
+    delta = float(config["target-delta"])
+    if not is_private(config) or config["privacy"] == "objective" or delta * smallest < 1:
+        return None
+    return (f"WARNING: target-delta = {delta:g} is at least 1/|D_i| for the smallest client ({smallest} records): "
+            "at such a delta a mechanism may publish a record outright, so no epsilon of this run is a meaningful "
+            f"guarantee (use delta well below {1 / smallest:.2g})")
 
 
 def retire_excluded(grid, strategy, roster, log) -> None:
@@ -182,6 +194,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     roster = enroll(metered, int(config["num-clients"]), float(config["node-wait-timeout"]), log,
                     sizes=[client.num_train for client in federation.clients])
     log(f"enrolled {len(roster.node_of)} clients ({sum(roster.num_examples.values())} training examples)")
+    if warning := delta_warning(config, roster.num_examples.values()):
+        log(warning)
 
     device = pick_device(str(config["server-device"]))  # the server's own, whatever the clients use
     model = initial_model(config).to(device)
@@ -307,5 +321,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {finite_text(final['loss'], 4)}{spent}")
     if mirror.enabled:
         console.print(f"privfed: {epsilon_note(summary)}")
+    if warning:
+        console.print(f"privfed: {warning}")
     console.print(f"privfed: results in {writer.run_dir}")
     return writer.run_dir

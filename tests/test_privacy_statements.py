@@ -87,3 +87,19 @@ def test_round_rows_write_no_examples_weighted_mean_of_client_epsilons(tmp_path,
     for key, value in written.items():
         assert any(math.isclose(value, row[k], rel_tol=1e-9) for k in ("epsilon_max", "epsilon_mean")), \
             f"{key} = {value} is neither the max ({row['epsilon_max']}) nor the mean ({row['epsilon_mean']})"
+
+
+@pytest.mark.timeout(120)
+def test_a_delta_of_one_over_a_clients_size_or_more_is_said_to_guarantee_nothing(tmp_path, one_torch_thread):
+    """target-delta = 0.5 for clients of ~100 records: a mechanism publishing a record outright is then
+    (0, 0.5)-DP. The run printed 'epsilon 0.0000 at delta 0.5' as its guarantee (review of session 19)."""
+    from server.inprocess import run_inprocess
+    from server.runner import delta_warning
+
+    printed = io.StringIO()
+    config = validate({**SMALL, "privacy": "dpsgd", "local-steps": 2, "dp-sample-rate": 0.1, "target-delta": 0.5,
+                       "num-rounds": 1, "results-dir": str(tmp_path / "results"), "state-dir": str(tmp_path / "s")})
+    run_inprocess(config, console=Console(file=printed, width=300), threads=1)
+    assert printed.getvalue().count("WARNING: target-delta = 0.5 is at least 1/|D_i|") == 2  # at the start, at the end
+    assert delta_warning(config.replace(target_delta=1e-5), [100]) is None
+    assert delta_warning(config.replace(target_delta=0.01), [100]) is not None
