@@ -240,8 +240,9 @@ SCHEMA: dict[str, Key] = {
     "objective-u2": Key(1.0, "objective perturbation, Thm 6.3 constant u2: bound on the eigenvalues of one "
                         "record's loss Hessian (logreg, ||x|| <= 1: (1 + ||x||^2) / 2 <= 1); accounting only; "
                         "needs u2 <= 0.5 |D_i| mu", low=0.0),
-    "local-steps": Key(0, "DP-SGD steps per round (privacy = dpsgd, which needs it > 0, except FedLAP); every "
-                       "other local rule trains local-epochs and refuses local-steps > 0", low=0),
+    "local-steps": Key(0, "DP-SGD steps per round (privacy = dpsgd, which needs it > 0, except FedLAP and "
+                       "ALI-DPFL, whose server sets them); every other local rule trains local-epochs and refuses "
+                       "local-steps > 0", low=0),
     "dp-sample-rate": Key(0.01, "DP-SGD Poisson sampling rate q (expected batch q*|D|)", low=0.0, high=1.0,
                           low_open=True),
     "dp-clip": Key(1.0, "DP-SGD per-sample gradient L2 clipping norm C", low=0.0, low_open=True),
@@ -332,7 +333,11 @@ def _check_value(key: str, spec: Key, value: Any) -> Scalar:
     kind = spec.kind
     ok = isinstance(value, kind) and not (kind is not bool and isinstance(value, bool))
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
-        value, ok = float(value), True
+        try:
+            value, ok = float(value), True
+        except OverflowError:  # a TOML int of hundreds of digits
+            raise ConfigError(f"config key {key!r} must be a finite {spec.allowed()[2:]}; got an integer of "
+                              f"{len(str(value))} digits") from None
     if not ok:
         raise ConfigError(
             f"config key {key!r} must be {spec.allowed()}; got {value!r} ({type(value).__name__})"
@@ -442,10 +447,13 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                           "even round: the Upcycled run would silently be the vanilla one with twice the rounds; "
                           "set upcycled-mu > 0 (Algorithm 1's mu), or upcycled-lambda = 0 and upcycled-theta")
     _check_privacy_mechanism(v)  # declared, and (replacing the base rule) for the strategies it declares
-    if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] != "fedlap":
+    if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] not in ("fedlap", "ali-dpfl"):
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
                           "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")
     _check_ignored_keys(v)
+    if v["ali-tau-init"] > v["ali-tau-max"]:
+        raise ConfigError(f"ali-tau-init = {v['ali-tau-init']} exceeds ali-tau-max = {v['ali-tau-max']}: every tau* "
+                          "is clamped to ali-tau-max, the first round's too")
     if v["ali-mu-min"] > v["ali-mu-max"]:
         raise ConfigError(f"ali-mu-min = {v['ali-mu-min']} exceeds ali-mu-max = {v['ali-mu-max']}: every mu "
                           "estimate would be clamped to ali-mu-max")
@@ -453,14 +461,29 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
 
 def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
     """Refuse a key that the run's local rule would silently ignore: the run would not be the one asked for."""
-    dpsgd_steps = v["privacy"] == "dpsgd" and v["strategy"] != "fedlap"  # the rules that read local-steps
+    dpsgd_steps = v["privacy"] == "dpsgd" and v["strategy"] != "fedlap"  # the rules that run local-steps
     if v["local-steps"] > 0 and not dpsgd_steps:
         raise ConfigError(f"local-steps counts DP-SGD steps (privacy = 'dpsgd', not with FedLAP); this run "
                           f"(privacy {v['privacy']!r}, strategy {v['strategy']!r}) trains local-epochs: set "
                           f"local-steps = 0")
-    if v["stragglers"] > 0 and v["privacy"] == "dpsgd":
-        raise ConfigError("stragglers shorten local-epochs, but DP-SGD clients run local-steps (and ALI-DPFL's "
-                          "and FedLAP's their own counts): set stragglers = 0")
+    if v["local-steps"] > 0 and v["strategy"] == "ali-dpfl":
+        raise ConfigError(f"local-steps = {v['local-steps']} is not read by strategy 'ali-dpfl': its server sends "
+                          "each round's tau (the first: ali-tau-init); set local-steps = 0")
+    own_counts = dpsgd_steps or v["strategy"] in ("fedlap", "dpfedavg-hu")  # no rule of these reads epochs
+    if v["stragglers"] > 0 and own_counts:
+        raise ConfigError("stragglers shorten local-epochs, but DP-SGD clients run local-steps (and ALI-DPFL's, "
+                          "FedLAP's and Hu et al.'s their own counts): set stragglers = 0")
+    if v["local-epochs"] != 1 and own_counts:
+        raise ConfigError(f"local-epochs = {v['local-epochs']} is not read by this run (privacy {v['privacy']!r}, "
+                          f"strategy {v['strategy']!r}): DP-SGD runs local-steps, ALI-DPFL the server's tau, "
+                          "FedLAP-DP its fedlap-* loop counts, Hu et al. hu-local-steps; set local-epochs = 1")
+    if dpsgd_steps and v["batch-size"] != SCHEMA["batch-size"].default:
+        raise ConfigError(f"batch-size = {v['batch-size']} is not read by DP-SGD: its lots are Poisson samples of "
+                          f"expected size dp-sample-rate * |D_i| (the rate the accountant uses); set dp-sample-rate "
+                          f"instead, and batch-size = {SCHEMA['batch-size'].default}")
+    if v["momentum"] != 0 and v["strategy"] in ("fedlap", "dpfedavg-hu"):
+        raise ConfigError(f"momentum = {v['momentum']} is not read by strategy {v['strategy']!r} (its local steps "
+                          "are plain SGD; FedLAP-DP's synthetic images have fedlap-image-momentum): set momentum = 0")
     if v["dataset"] == "adult" and v["adult-split"] == "hu-devices" and v["partition"] != "iid":
         raise ConfigError(f"adult-split = 'hu-devices' deals Hu et al.'s IID devices and ignores partition = "
                           f"{v['partition']!r}: set partition = 'iid', or adult-split = 'uci' for a label skew")

@@ -61,7 +61,7 @@ def test_objective_perturbation_runs_on_an_accelerator_without_float64(tmp_path,
     assert reply[METRICS]["objective-noise-norm"] > 0
 
 
-@pytest.mark.parametrize("strategy, extra", [("fedavg", {}), ("fedlap", {"fedlap-dsa": False})])
+@pytest.mark.parametrize("strategy, extra", [("fedavg", {}), ("fedlap", {"fedlap-dsa": False, "momentum": 0.0})])
 def test_server_device_cpu_keeps_the_server_off_a_gpu(tmp_path, monkeypatch, strategy, extra):
     """On a machine with a GPU, device = "cpu" keeps the clients on the CPU, and server-device = "cpu"
     the server's evaluation and FedLAP-DP's server training (run-seed runs are bit-reproducible on the

@@ -24,7 +24,7 @@ ROSTER = Roster(node_of={0: 101, 1: 102, 2: 103}, num_examples={0: 100, 1: 100, 
 def strategy(steps_budget, rounds, **extra):
     target = ali_epsilon(steps_budget, Q, SIGMA, DELTA) * 1.001  # R_c = steps_budget
     config = validate({"strategy": "ali-dpfl", "num-clients": 3, "num-rounds": rounds, "privacy": "dpsgd",
-                       "local-steps": 1, "dp-sample-rate": Q, "dp-noise-multiplier": SIGMA, "dp-clip": 1.0,
+                       "dp-sample-rate": Q, "dp-noise-multiplier": SIGMA, "dp-clip": 1.0,
                        "lr": 0.1, "target-epsilon": target, "target-delta": DELTA, "accountant": "ali-eq12",
                        **extra})
     s = AliDpfl(ROSTER, 0, 1.0, log=lambda _: None, config=config)
@@ -70,12 +70,6 @@ def test_condition_one_reports_the_tau_it_runs():
     _, row = train_round(s, 1, lambda ms: [reply(101, 1.0), reply(102, 1.0), reply(103, 1.0)])
     assert row["ali_tau"] == 1 and row["ali_tau_next"] == 1
     assert row["ali_T"] == 4  # min(R_s * 1, R_c)
-
-
-def test_tau_init_is_clamped_to_tau_max():
-    s = strategy(400, 2, **{"ali-tau-init": 150, "ali-tau-max": 100, "ali-spend-budget": False})
-    messages = s.configure_train(1, model(), ConfigRecord({}), None)
-    assert messages[0].content["config"]["local-steps"] == 100
 
 
 def test_all_refusing_is_not_reported_as_the_budget_reached():

@@ -21,7 +21,7 @@ def ali_config(tmp_path, steps_budget, rounds, **extra):
     # a target a hair above eps(steps_budget): R_c = steps_budget, and eps(R_c) is within 1% of it
     target = ali_epsilon(steps_budget, Q, SIGMA, DELTA) * 1.001
     return validate({"strategy": "ali-dpfl", "num-clients": CLIENTS, "num-rounds": rounds, "privacy": "dpsgd",
-                     "local-steps": 1, "dp-sample-rate": Q, "dp-noise-multiplier": SIGMA, "dp-clip": 1.0,
+                     "dp-sample-rate": Q, "dp-noise-multiplier": SIGMA, "dp-clip": 1.0,
                      "lr": 0.1, "target-epsilon": target, "target-delta": DELTA, "accountant": "ali-eq12",
                      "results-dir": str(tmp_path), "run-name": "ali", "synthetic-dim": 10, **extra})
 

@@ -34,7 +34,7 @@ def test_ali_restart_after_a_lost_first_round_counts_that_round_in_t(tmp_path, o
     checkpoint syncs t and plans only what the clients have left: so must this restart (4 rounds)."""
     target = ali_epsilon(5, Q, SIGMA, DELTA) * 1.001
     cfg = validate({"strategy": "ali-dpfl", "num-clients": CLIENTS, "num-rounds": 8, "privacy": "dpsgd",
-                    "local-steps": 1, "dp-sample-rate": Q, "dp-noise-multiplier": SIGMA, "dp-clip": 1.0,
+                    "dp-sample-rate": Q, "dp-noise-multiplier": SIGMA, "dp-clip": 1.0,
                     "lr": 0.1, "target-epsilon": target, "target-delta": DELTA, "accountant": "ali-eq12",
                     "results-dir": str(tmp_path), "run-name": "ali", "synthetic-dim": 10, "checkpoint": True})
     client.node._local.clear()

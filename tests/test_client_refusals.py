@@ -150,7 +150,7 @@ def test_ali_dpfl_refuses_a_hostile_local_steps_before_the_accountant(app, tmp_p
     ~1 GB; 10**8: ~24 s and 3.5 GB; 10**12: MemoryError on a 2.2 TiB array). The node's own config fixes
     R_c, so anything beyond it can be refused by name, as for the other DP-SGD strategies."""
     context = node(tmp_path, strategy="ali-dpfl", privacy="dpsgd", accountant="pld",
-                   **{"local-steps": 2, "target-epsilon": 1.0})
+                   **{"target-epsilon": 1.0})
     reply = send(app, context, instruction(context, **{"local-steps": 10**7}))
     assert reply.has_error() and "local-steps" in reply.error.reason
     assert local_client(context).ledger.entries == ()

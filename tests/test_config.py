@@ -82,3 +82,28 @@ def test_a_pfedme_step_that_diverges_whatever_the_data_is_refused():
     with pytest.raises(ConfigError, match="pfedme-lambda"):
         validate({"strategy": "pfedme", "lr": 0.2})
     validate({"strategy": "pfedme", "lr": 0.1})  # the default: factor 0.5
+
+
+# --- keys a run would silently ignore, and values that escape ConfigError (review of session 19) ----------
+@pytest.mark.parametrize("run, key", [
+    ({"privacy": "dpsgd", "local-steps": 10, "local-epochs": 5}, "local-epochs"),  # DP-SGD runs local-steps
+    ({"privacy": "dpsgd", "local-steps": 10, "batch-size": 256}, "batch-size"),  # Poisson lots at dp-sample-rate
+    ({"strategy": "fedlap", "stragglers": 0.5}, "stragglers"),  # FedLAP never reads local-epochs
+    ({"strategy": "fedlap", "local-epochs": 5}, "local-epochs"),
+    ({"strategy": "dpfedavg-hu", "local-epochs": 5}, "local-epochs"),  # hu-local-steps
+    ({"strategy": "fedlap", "momentum": 0.9}, "momentum"),  # plain SGD
+    ({"strategy": "dpfedavg-hu", "momentum": 0.9}, "momentum"),
+    ({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 2.0, "local-steps": 50}, "local-steps"),
+    ({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 2.0, "ali-tau-init": 200, "ali-tau-max": 10},
+     "ali-tau-init"),  # clamped silently
+    ({"lr": 10**400}, "lr"),  # a valid TOML int: float() overflowed with a bare OverflowError
+])
+def test_a_key_the_run_would_not_use_as_given_is_refused(run, key):
+    """Each was accepted, and runs with different values of the key were bit-identical."""
+    with pytest.raises(ConfigError, match=key):
+        validate(run)
+
+
+def test_ali_dpfl_needs_no_local_steps():
+    """Its server sends every round's tau: validation demanded a local-steps > 0 that nothing read."""
+    validate({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 2.0})

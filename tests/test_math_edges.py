@@ -33,7 +33,7 @@ def test_calibrated_sigma_is_the_smallest_grid_point_meeting_the_target(target, 
 # --- ALI-DPFL Eq. 9: finite (or clamped) for every mu the config's clamp allows -------------------------------
 def test_eq9_tau_for_a_tiny_mu_inside_the_configured_clamp_is_tau_max_not_a_crash():
     # ali-mu-min only has to be > 0; every mu estimate is clamped to [ali-mu-min, ali-mu-max] and fed to Eq. 9
-    config = validate({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 2.0, "local-steps": 1,
+    config = validate({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 2.0,
                        "ali-mu-min": 1e-200})
     mu = float(config["ali-mu-min"])
     tau_max = int(config["ali-tau-max"])

@@ -113,7 +113,7 @@ def test_ali_paper_mu_estimator_run_does_not_print_its_epsilon_as_a_guarantee():
     from server.report import epsilon_note
 
     config = validate({"strategy": "ali-dpfl", "num-clients": 1, "num-rounds": 3, "privacy": "dpsgd",
-                       "local-steps": 1, "dp-sample-rate": 0.2, "dp-noise-multiplier": 1.0, "dp-clip": 1.0,
+                       "dp-sample-rate": 0.2, "dp-noise-multiplier": 1.0, "dp-clip": 1.0,
                        "target-epsilon": 5.0, "ali-mu-estimator": "paper"})
     mirror = PrivacyMirror(config, [0])
     mirror.record(0, planned_entries(config, {"server-round": 1, "local-steps": 1}))

@@ -93,7 +93,7 @@ def test_a_capped_node_releases_no_client_side_evaluation(app, tmp_path):
 @pytest.mark.parametrize("run", [
     {"privacy": "dpsgd", "local-steps": 2, "dp-noise-seed": "run-seed"},  # the server can regenerate the noise
     {"privacy": "output", "output-sensitivity": "paper", "output-clip": 1.0, "output-noise-std": 1.0},
-    {"strategy": "ali-dpfl", "privacy": "dpsgd", "local-steps": 2, "ali-mu-estimator": "paper"},  # noise-free
+    {"strategy": "ali-dpfl", "privacy": "dpsgd", "ali-mu-estimator": "paper"},  # noise-free
 ], ids=["run-seed-noise", "output-sensitivity-paper", "ali-mu-estimator-paper"])
 def test_a_capped_node_refuses_an_epsilon_that_is_no_guarantee_against_the_server(app, tmp_path, run):
     """Each of these was charged within the cap and released: e.g. output-sensitivity = 'paper' charged

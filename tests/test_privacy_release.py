@@ -186,8 +186,9 @@ def test_paper_mu_estimator_keeps_its_named_leak(tmp_path):
         return RecordDict({METRICS: MetricRecord({"num-examples": 20, "train-loss": 0.7, GRAD_DIFF_METRIC: 1.5})})
 
     client = _client(tmp_path, "ali", **{**DPSGD, "strategy": "ali-dpfl", "target-epsilon": 20.0,
-                                         "ali-mu-estimator": "paper"})
-    metrics = private_release(_charged(rule), client.config)(client, _content(client.model), RecordDict())[METRICS]
+                                         "local-steps": 0, "ali-mu-estimator": "paper"})
+    content = _content(client.model, **{"local-steps": 3})  # ALI-DPFL's server sends tau
+    metrics = private_release(_charged(rule), client.config)(client, content, RecordDict())[METRICS]
     assert set(metrics) == {"num-examples", GRAD_DIFF_METRIC}  # the server's mu estimate needs it (warned)
 
 

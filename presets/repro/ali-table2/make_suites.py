@@ -50,7 +50,7 @@ T7_PAPER = {
 
 def row_overrides(row: str) -> dict:
     if row == "ALI-DPFL":
-        return {"strategy": "ali-dpfl", "local-steps": 1}
+        return {"strategy": "ali-dpfl"}
     return {"strategy": "fedavg", "local-steps": int(row.split("=")[1])}
 
 
