@@ -25,7 +25,17 @@ log = logging.getLogger("privfed.ali")
 
 
 def full_gradient(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int = 2048) -> torch.Tensor:
-    """grad of the mean cross-entropy over all of (x, y), flattened (no clipping, no noise)."""
+    """grad of the mean cross-entropy over all of (x, y), flattened (no clipping, no noise), in eval mode: F_i's
+    gradient has no dropout masks (the mode DP-SGD or an evaluation left the model in is restored)."""
+    training = model.training
+    model.eval()
+    try:
+        return _mean_gradient(model, x, y, chunk)
+    finally:
+        model.train(training)
+
+
+def _mean_gradient(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, chunk: int) -> torch.Tensor:
     params = [p for p in model.parameters() if p.requires_grad]
     total = [torch.zeros_like(p) for p in params]
     n = len(x)
