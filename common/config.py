@@ -323,6 +323,17 @@ class RunConfig(Mapping[str, Scalar]):
         return validate({**self._values, **{k.replace("_", "-"): v for k, v in changes.items()}})
 
 
+# Keys that change nothing in a run of this config: a finished run or a checkpoint with another value of one is
+# the same run (output-sensitivity's default changed in session 11; ALI-DPFL's presets set local-steps = 1
+# until session 19, which its server's tau always replaced).
+INERT_WHEN = {"output-sensitivity": lambda config: config.get("privacy") != "output",
+              "local-steps": lambda config: config.get("strategy") == "ali-dpfl"}
+
+
+def is_inert(key: str, config: Mapping[str, Any]) -> bool:
+    return key in INERT_WHEN and INERT_WHEN[key](config)
+
+
 def _unknown_key_message(key: str) -> str:
     close = difflib.get_close_matches(key, SCHEMA, n=3)
     hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""

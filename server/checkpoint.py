@@ -83,7 +83,7 @@ from flwr.app import ArrayRecord, ConfigRecord
 from client.resume import LINEAGE
 from common.checkpoint_file import (JOURNAL_START, UNREADABLE, CheckpointError, append_journal, chain,
                                     journal_line, load_checkpoint, read_journal, save_checkpoint)
-from common.config import ConfigError
+from common.config import ConfigError, is_inert
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
 from server.lost_round import LedgerTail, empty_but_counted, not_charged
@@ -423,7 +423,7 @@ class Checkpointer:
         """Refuse a checkpoint of another run config or strategy."""
         old = ckpt["config"]
         changed = sorted(k for k in set(old) | set(self.config)
-                         if k not in MAY_CHANGE and old.get(k) != self.config.get(k))
+                         if k not in MAY_CHANGE and not is_inert(k, self.config) and old.get(k) != self.config.get(k))
         if changed:
             raise CheckpointError(
                 f"checkpoint {self.path} was written with a different run config ({', '.join(changed)}); "

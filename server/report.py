@@ -54,7 +54,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from common.config import ConfigError, validate
+from common.config import ConfigError, is_inert, validate
 from common.durable import write_atomically
 from server.results import is_measured
 
@@ -404,16 +404,11 @@ def run_is_finished(run_dir: Path, cell: Cell, seed: int) -> bool:
     return _same_run(_comparable(config), _comparable(expected_config(cell, seed))) and config.get("seed") == seed
 
 
-# Keys that change nothing in a run unless the run uses them: a finished run is not stale for a new value
-# (or a new default) of one of them (output-sensitivity's default changed in session 11).
-INERT_UNLESS = {"output-sensitivity": lambda config: config.get("privacy") == "output"}
-
-
 def _same_run(done: dict[str, Any], wanted: dict[str, Any]) -> bool:
     """A key the finished run's config lacks was added to the schema later: the run only is stale if
     the cell now wants something else than what the run did then (`_did_before_key`)."""
     return all(done[k] == v if k in done else _did_before_key(k, v, done) for k, v in wanted.items()
-               if INERT_UNLESS.get(k, lambda config: True)(wanted))
+               if not is_inert(k, wanted))
 
 
 def _did_before_key(key: str, value: Any, done: dict[str, Any]) -> bool:

@@ -303,3 +303,15 @@ def test_a_damaged_client_ledger_is_refused_by_name(tmp_path, damage):
     path.write_text(damage(path.read_text()))
     with pytest.raises(ValueError, match=re.escape(str(path))):
         PrivacyLedger.open(path, owner="partition-0")
+
+
+def test_an_ali_checkpoint_written_with_the_local_steps_it_never_read_resumes():
+    """Presets before session 19 set local-steps = 1 for ALI-DPFL (never read: its server sends tau), which
+    validation now refuses: a checkpoint holding it was refused as 'a different run config (local-steps)',
+    and the same config could no longer be given (review of session 19)."""
+    from server.checkpoint import strategy_classes
+
+    new = validate({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 2.0})
+    strategy = object()
+    Checkpointer(new, lambda *_: None)._check_compatible(
+        {"config": {**new, "local-steps": 1}, "strategy_classes": strategy_classes(strategy)}, strategy)

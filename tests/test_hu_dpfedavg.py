@@ -241,6 +241,7 @@ def test_budget_refusals_pass_through_secure_aggregation(tmp_path):
     from common.privacy.accounting import zcdp_rho_for_epsilon
     from server.inprocess_grid import InProcessGrid
     from server.runner import run_federation
+    from server.sampling import sample_partitions
 
     config = validate({"strategy": "dpfedavg-hu", "dataset": "synthetic", "num-clients": 4, "fraction-train": 0.75,
                        "num-rounds": 5, "batch-size": 8, "hu-local-steps": 2, "lr": 0.3, "target-epsilon": 5.0,
@@ -257,7 +258,9 @@ def test_budget_refusals_pass_through_secure_aggregation(tmp_path):
     assert refusing, "partition 0 should have refused once"
     first = refusing[0]
     assert first["round"] == 1 and first["secagg_survivors"] == first["clients"] - 1  # decoded from the others
-    assert rows[1]["clients"] == 3 and rows[1]["secagg_survivors"] == 3  # partition 0 is no longer selected
+    # partition 0 is no longer selected; the others keep the draws sigma was calibrated on (seed 2, round 2)
+    drawn = [p for p in sample_partitions(2, 2, [0, 1, 2, 3], 0.75) if p != 0]
+    assert rows[1]["clients"] == rows[1]["secagg_survivors"] == len(drawn)
     assert len(PrivacyLedger.load(spent_path)) == 1  # the refusal left its ledger unchanged
     for path in (tmp_path / "node-state").rglob("*.ledger.json"):
         assert PrivacyLedger.load(path).epsilon(1e-4, "hu-thm1") <= 5.0 * (1 + 1e-9)
@@ -339,3 +342,48 @@ def test_without_a_budget_the_client_keeps_its_own_sigma(tmp_path):
     content["config"]["hu-sigma"] = 1.0
     assert hu_update(client, content, RecordDict())["metrics"]["num-examples"] == 12
     assert len(client.ledger.entries) == 1
+
+
+# --- a retired client must not shift the others' draws (review of session 19) ----------------------------
+class ExcludingGrid:
+    """What retire_excluded reads of a SecureAggregationGrid: the nodes it left out for the rest of the run."""
+
+    def __init__(self, excluded):
+        self.excluded = excluded
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_node_secure_aggregation_excludes_does_not_push_hu_clients_past_their_calibrated_budget(seed):
+    """dpfedavg-hu calibrates sigma so that every device ends at most at target-epsilon after its C_i
+    participations of the schedule drawn in advance (server/strategies/dpfedavg_hu.py). Once secure
+    aggregation excludes node 100 (partition 0), retire_excluded (new in session 19) retires it and the
+    sampler draws the same r = 3 clients per round from the 9 others: their participations exceed the
+    schedule, and (seed 1) partition 2 is drawn 9 times where the largest C_i is 8: epsilon 2.126 > 2.0, so
+    its node refuses mid-run (and is retired, which shifts the draws again). Review of session 19."""
+    from common.privacy.accounting import zcdp_epsilon
+    from server.runner import retire_excluded
+    from server.strategies.registry import build_strategy
+
+    from collections import Counter
+
+    from flwr.common.constant import SUPERLINK_NODE_ID
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, SUPERLINK_NODE_ID, 7
+    cfg = validate({"strategy": "dpfedavg-hu", "dataset": "adult", "num-clients": 10, "fraction-train": 0.3,
+                    "num-rounds": 20, "target-epsilon": 2.0, "secure-aggregation": True,
+                    "secagg-min-survivors": 2, "hu-local-steps": 1, "batch-size": 32, "seed": seed})
+    roster = Roster(node_of={p: 100 + p for p in range(10)}, num_examples={p: 320 for p in range(10)})
+    strategy = build_strategy(cfg, roster, lambda *_: None)
+    retire_excluded(ExcludingGrid({100: "its masked update in round 1 was unusable"}), strategy, roster,
+                    lambda *_: None)
+    arrays = ArrayRecord({"w": torch.zeros(3)})
+    drawn: Counter = Counter()
+    for t in range(1, 21):
+        for m in strategy.configure_train(t, arrays, ConfigRecord({}), None):
+            drawn[m.metadata.dst_node_id - 100] += 1
+    over = {p: (n, strategy.schedule[p], zcdp_epsilon(n * strategy.round_rho(p), strategy.delta))
+            for p, n in drawn.items() if n > strategy.schedule[p]}
+    assert not over, f"partition: (drawn, scheduled C_i, epsilon) {over}"
+    spent = {p: zcdp_epsilon(n * strategy.round_rho(p), strategy.delta) for p, n in drawn.items()}
+    assert max(spent.values()) <= 2.0 + 1e-9, spent

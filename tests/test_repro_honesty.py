@@ -267,3 +267,15 @@ def test_plot_epsilon_legend_counts_each_points_seeds_when_they_differ():
     spec.loader.exec_module(module)
     assert module.seed_counts([(1.0, (80.0, 1.0, 5)), (2.0, (81.0, 1.0, 5))]) == "5"
     assert module.seed_counts([(1.0, (80.0, 1.0, 5)), (2.0, (81.0, 1.0, 3))]) == "5/3"
+
+
+def test_a_finished_ali_run_made_with_the_local_steps_it_never_read_is_not_stale(tmp_path):
+    """The ALI suites' ALI-DPFL cells carried local-steps = 1 until session 19, which ALI-DPFL never read (its
+    server sends tau). Dropping it made every finished ALI-DPFL run stale: `privfed report` left them out and
+    `privfed repro` re-ran them for an identical result (review of session 19)."""
+    from server.report import run_is_finished
+
+    cell = next(c for c in load_suite("ali-table7").cells if c.row == "ALI-DPFL")
+    run = tmp_path / "s1"
+    _run(run, {**expected_config(cell, cell.seeds[0]), "local-steps": 1}, [0.5])
+    assert run_is_finished(run, cell, cell.seeds[0])

@@ -88,6 +88,12 @@ class DpFedAvgHu(FedAvg):
         for text in sorted(assumptions):
             log(f"DP-FedAvg (Hu et al.): this epsilon is NOT A GUARANTEE: it assumes {text}")
 
+    def sample(self, train_round: int) -> list[int]:
+        """The draw `schedule` counted, over all partitions, less the retired ones: sigma is calibrated on each
+        client's C_i, so a retired client must not shift the others' draws (past their C_i: past the target)."""
+        return [p for p in sample_partitions(self.seed, train_round, list(self.roster.partitions), self.fraction)
+                if p not in self.retired]
+
     def setup_stragglers(self, fraction: float, local_epochs: int) -> None:
         """Refused: a straggler runs fewer local epochs, but this rule runs tau steps (the client's own)."""
         if fraction > 0:

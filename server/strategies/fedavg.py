@@ -66,6 +66,11 @@ class RosterSampling:
     def active_partitions(self) -> list[int]:
         return [p for p in self.roster.partitions if p not in self.retired]
 
+    def sample(self, train_round: int) -> list[int]:
+        """The partitions of a training round: fraction-train of all clients, drawn from the active ones."""
+        return sample_partitions(self.seed, train_round, self.active_partitions(), self.fraction,
+                                 population=len(self.roster.partitions))
+
     def setup_stragglers(self, fraction: float, local_epochs: int) -> None:
         """Each sampled client straggles with probability `fraction` (see server/stragglers.py)."""
         self.stragglers, self.local_epochs = fraction, local_epochs
@@ -83,8 +88,7 @@ class RosterSampling:
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
                         grid: Grid) -> Iterable[Message]:
         train_round = self.train_round_index(server_round)
-        partitions = sample_partitions(self.seed, train_round, self.active_partitions(), self.fraction,
-                                       population=len(self.roster.partitions))
+        partitions = self.sample(train_round)
         short = straggler_epochs(self.seed, train_round, partitions, self.stragglers, self.local_epochs)
         self._sent = arrays
         self.keep_current_arrays(arrays)
