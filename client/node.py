@@ -23,7 +23,7 @@ from common.config import RunConfig, resolve_model_name, validate
 from common.data import load_client, load_federation
 from common.evaluation import pick_device
 from common.models import build_model
-from common.privacy.plan import is_private, planned_entries
+from common.privacy.plan import delta_too_large, is_private, planned_entries
 
 
 class NodeSetupError(ValueError):
@@ -55,6 +55,9 @@ def owner_refusal(node_config, config: RunConfig, instruction, dataset_size: int
     why = None
     if not is_private(config):
         why = "this run releases updates without a privacy mechanism"
+    elif delta_too_large(config, dataset_size):
+        why = (f"at this run's target-delta = {config['target-delta']:g} (at least 1/|D_i|, {dataset_size} records "
+               "here) an epsilon guarantees nothing")
     elif config["dp-noise-seed"] != "secret":
         why = (f"this run's noise is derived from its seed (dp-noise-seed = {config['dp-noise-seed']!r}): whoever "
                "knows the run config, the server included, can regenerate and subtract it")

@@ -156,8 +156,9 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
     run ids are random, so this orders the starts: an enrollment of an earlier start than the fence's
     (a dead start's, delivered late) leaves the fence where it is and is refused (EarlierStart), as is a
     live start whose host's clock is behind the fence's: it must not run rounds every node refuses.
-    A start more than CLOCK_AHEAD_LIMIT_NS ahead of the node's clock is refused too (a broken clock would
-    otherwise lock the fence until the node's clock caught up).
+    A start more than CLOCK_AHEAD_LIMIT_NS ahead of the node's clock is refused too: a server clock far ahead
+    would lock the fence against every later start until the servers' clocks reached it (a node whose own
+    clock is that far behind refuses too; the error names both clocks).
     Without it (an older server), the last enrollment wins.
 
     The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`

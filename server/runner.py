@@ -21,7 +21,7 @@ from common.evaluation import evaluate, pick_device
 from common.models import build_model
 from common.records import arrays_nbytes, load_arrays, model_to_arrays
 from client.privacy import BUDGET_EXHAUSTED, ledger_path
-from common.privacy.plan import is_private, planned_entries
+from common.privacy.plan import delta_too_large, is_private, planned_entries
 from common.records import CONFIG
 from server.checkpoint import Checkpointer
 from server.report import epsilon_note
@@ -95,7 +95,7 @@ def delta_warning(config: RunConfig, sizes: Iterable[int]) -> str | None:
     record of D_i outright is (0, delta)-DP, so the epsilon printed guarantees nothing."""
     smallest = min(sizes, default=0)
     delta = float(config["target-delta"])
-    if not is_private(config) or config["privacy"] == "objective" or delta * smallest < 1:
+    if not is_private(config) or not delta_too_large(config, smallest):
         return None
     return (f"WARNING: target-delta = {delta:g} is at least 1/|D_i| for the smallest client ({smallest} records): "
             "at such a delta a mechanism may publish a record outright, so no epsilon of this run is a meaningful "

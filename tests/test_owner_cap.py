@@ -94,7 +94,8 @@ def test_a_capped_node_releases_no_client_side_evaluation(app, tmp_path):
     {"privacy": "dpsgd", "local-steps": 2, "dp-noise-seed": "run-seed"},  # the server can regenerate the noise
     {"privacy": "output", "output-sensitivity": "paper", "output-clip": 1.0, "output-noise-std": 1.0},
     {"strategy": "ali-dpfl", "privacy": "dpsgd", "ali-mu-estimator": "paper"},  # noise-free
-], ids=["run-seed-noise", "output-sensitivity-paper", "ali-mu-estimator-paper"])
+    {"privacy": "dpsgd", "local-steps": 2, "target-delta": 0.5},  # the run picks the delta of the cap
+], ids=["run-seed-noise", "output-sensitivity-paper", "ali-mu-estimator-paper", "delta-at-least-1-over-n"])
 def test_a_capped_node_refuses_an_epsilon_that_is_no_guarantee_against_the_server(app, tmp_path, run):
     """Each of these was charged within the cap and released: e.g. output-sensitivity = 'paper' charged
     epsilon 0.0015 for a release that costs 10.7 under the clip's real sensitivity ('ball')."""

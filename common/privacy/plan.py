@@ -87,6 +87,12 @@ def planned_entries(config: Mapping[str, Any], instruction: Mapping[str, Any],
     raise ValueError(f"no privacy plan for mechanism {config['privacy']!r}")
 
 
+def delta_too_large(config: Mapping[str, Any], dataset_size: int) -> bool:
+    """At delta >= 1/|D_i| a mechanism that publishes one record of D_i outright is (0, delta)-DP: no epsilon at
+    that delta guarantees anything (objective perturbation's pure epsilon is stated at delta 0)."""
+    return config["privacy"] != "objective" and float(config["target-delta"]) * int(dataset_size) >= 1
+
+
 def _assuming(entry: LedgerEntry, assumption: str) -> LedgerEntry:
     """`entry` with an unenforced condition of its bound (events.py: reports print it as NOT A GUARANTEE)."""
     return LedgerEntry(entry.kind, {**entry.params, "assumption": assumption}, entry.round, entry.meta)
