@@ -16,15 +16,17 @@ Two estimators, chosen by `ali-mu-estimator`:
   DP noise inflates ||G_k - G_{k-1}||^2 by a known amount (public parameters
   only): the noise in G_k is sum_i p_i / tau_k * sum_t z_t / (q |D_i|) with
   z_t ~ N(0, sigma^2 C^2 I_d), so E||noise||^2 = V_k = sum_i p_i^2 sigma^2 C^2 d
-  / (tau_k (q |D_i|)^2). It is subtracted. Round k-1's noise also moved the
-  model the next round starts from, so G_k's true part carries mu times that
-  displacement, correlated with G_{k-1}'s noise: on a quadratic with plain
-  SGD, E||G_k - G_{k-1}||^2 = mu^2 ||m_k - m_{k-1}||^2 + V_k + V_{k-1}
-  + mu eta (V_k + V_{k-1}). mu is the positive root of that equation (solved
-  for mu, the cross term left in made the square-root form read several times
-  the true mu once noise dominates). When nothing is left after the
-  subtraction (the secant is all noise) the round gives no estimate and the
-  previous mu is kept.
+  / (tau_k (q |D_i|)^2). It is subtracted; when nothing is left (the secant is
+  all noise) the round gives no estimate and the previous mu is kept.
+  Not subtracted: round k-1's noise also moved the model round k starts from,
+  so G_k's true part carries the curvature times that displacement, correlated
+  with G_{k-1}'s noise. On an isotropic quadratic (Hessian mu I) that cross
+  term is mu eta (V_k + V_{k-1}), and once noise dominates this estimate reads
+  high (about 4x mu at tau = 1; review of session 19). Solving for it assumes
+  that the curvature along the trajectory is the curvature in the noise's
+  directions: on the suites' CNNs that version read mu 0.01-0.06 where the
+  paper's own estimator read 0.15-1.6 on the same trajectory (this form:
+  0.07-0.20; presets/repro/ali-table2/compare_mu.py), so it is not used.
   Also works under secure aggregation (only the aggregate is used).
 
 - `paper`: the paper's estimator, mu = sum_i p_i ||grad F_i(w^i) - grad F_i(w)||
@@ -83,15 +85,10 @@ class SecantMu:
         g0, mid0, v0 = prev
         signal = float(np.sum((g - g0) ** 2)) - v - v0
         self.last_signal = signal
-        dist2 = float(np.sum((mid - mid0) ** 2))
-        if signal <= 0 or dist2 == 0:
+        dist = float(np.linalg.norm(mid - mid0))
+        if signal <= 0 or dist == 0:
             return None
-        return positive_root(dist2, self.lr * (v + v0), -signal)
-
-
-def positive_root(a: float, b: float, c: float) -> float:
-    """The positive root of a x^2 + b x + c (a > 0, c < 0), in the form without cancellation when b^2 >> ac."""
-    return 2.0 * -c / (b + math.sqrt(b * b - 4.0 * a * c))
+        return math.sqrt(signal) / dist
 
 
 def paper_mu(w_start: np.ndarray, client_models: Sequence[np.ndarray], grad_diffs: Sequence[float],
