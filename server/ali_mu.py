@@ -21,8 +21,9 @@ Two estimators, chosen by `ali-mu-estimator`:
   Not subtracted: round k-1's noise also moved the model round k starts from,
   so G_k's true part carries the curvature times that displacement, correlated
   with G_{k-1}'s noise. On an isotropic quadratic (Hessian mu I) that cross
-  term is mu eta (V_k + V_{k-1}), and once noise dominates this estimate reads
-  high (about 4x mu at tau = 1; review of session 19). Solving for it assumes
+  term is mu eta (V_k + V_{k-1}), and once noise dominates this estimate tends
+  to 2 sqrt(mu / eta) at tau = 1, whatever mu (4x mu at mu = 0.5, eta = 0.1;
+  review of session 19). Solving for it assumes
   that the curvature along the trajectory is the curvature in the noise's
   directions: on the suites' CNNs that version read mu 0.01-0.06 where the
   paper's own estimator read 0.15-1.6 on the same trajectory (this form:

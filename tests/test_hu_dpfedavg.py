@@ -352,38 +352,39 @@ class ExcludingGrid:
         self.excluded = excluded
 
 
+@pytest.mark.parametrize("upcycled", [False, True], ids=["vanilla", "upcycled"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
-def test_a_node_secure_aggregation_excludes_does_not_push_hu_clients_past_their_calibrated_budget(seed):
+def test_a_node_secure_aggregation_excludes_does_not_push_hu_clients_past_their_calibrated_budget(seed, upcycled):
     """dpfedavg-hu calibrates sigma so that every device ends at most at target-epsilon after its C_i
     participations of the schedule drawn in advance (server/strategies/dpfedavg_hu.py). Once secure
-    aggregation excludes node 100 (partition 0), retire_excluded (new in session 19) retires it and the
-    sampler draws the same r = 3 clients per round from the 9 others: their participations exceed the
-    schedule, and (seed 1) partition 2 is drawn 9 times where the largest C_i is 8: epsilon 2.126 > 2.0, so
-    its node refuses mid-run (and is retired, which shifts the draws again). Review of session 19."""
-    from common.privacy.accounting import zcdp_epsilon
-    from server.runner import retire_excluded
-    from server.strategies.registry import build_strategy
-
+    aggregation excludes node 100 (partition 0), retire_excluded retires it; drawing r = 3 clients per round
+    from the 9 others pushed them past the schedule: (seed 1) partition 2 drawn 9 times where the largest
+    C_i is 8, epsilon 2.126 > 2.0 (review of session 19). Every other client must be instructed exactly its
+    C_i times, Upcycled's draws keyed by the training round included."""
     from collections import Counter
 
     from flwr.common.constant import SUPERLINK_NODE_ID
     from flwr.supercore.task_identity import TaskIdentity
 
+    from common.privacy.accounting import zcdp_epsilon
+    from server.runner import retire_excluded
+    from server.strategies.registry import build_strategy
+
     TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 7, SUPERLINK_NODE_ID, 7
+    rounds = 39 if upcycled else 20  # 20 training rounds either way
     cfg = validate({"strategy": "dpfedavg-hu", "dataset": "adult", "num-clients": 10, "fraction-train": 0.3,
-                    "num-rounds": 20, "target-epsilon": 2.0, "secure-aggregation": True,
+                    "num-rounds": rounds, "target-epsilon": 2.0, "secure-aggregation": True, "upcycled": upcycled,
                     "secagg-min-survivors": 2, "hu-local-steps": 1, "batch-size": 32, "seed": seed})
     roster = Roster(node_of={p: 100 + p for p in range(10)}, num_examples={p: 320 for p in range(10)})
     strategy = build_strategy(cfg, roster, lambda *_: None)
     retire_excluded(ExcludingGrid({100: "its masked update in round 1 was unusable"}), strategy, roster,
                     lambda *_: None)
+    hu = getattr(strategy, "base", strategy)
     arrays = ArrayRecord({"w": torch.zeros(3)})
     drawn: Counter = Counter()
-    for t in range(1, 21):
+    for t in range(1, rounds + 1):
         for m in strategy.configure_train(t, arrays, ConfigRecord({}), None):
             drawn[m.metadata.dst_node_id - 100] += 1
-    over = {p: (n, strategy.schedule[p], zcdp_epsilon(n * strategy.round_rho(p), strategy.delta))
-            for p, n in drawn.items() if n > strategy.schedule[p]}
-    assert not over, f"partition: (drawn, scheduled C_i, epsilon) {over}"
-    spent = {p: zcdp_epsilon(n * strategy.round_rho(p), strategy.delta) for p, n in drawn.items()}
+    assert drawn[0] == 0 and {p: drawn[p] for p in range(1, 10)} == {p: hu.schedule[p] for p in range(1, 10)}
+    spent = {p: zcdp_epsilon(n * hu.round_rho(p), hu.delta) for p, n in drawn.items()}
     assert max(spent.values()) <= 2.0 + 1e-9, spent

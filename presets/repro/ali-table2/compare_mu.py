@@ -1,7 +1,7 @@
 """ALI-DPFL's mu estimators side by side on one trajectory (the diagnosis behind server/ali_mu.py's dp-secant).
 
     PRIVFED_DATA_DIR=../shared/data python presets/repro/ali-table2/compare_mu.py \
-        [--suite ali-table7] [--column "Dir(0.5)"] [--seed 1] [--rounds 6]
+        [--suite ali-table7] [--column "Dir(0.5)"] [--seed 1] [--rounds 6] [--out /tmp/privfed-compare-mu]
 
 Runs the suite's ALI-DPFL cell with the paper's estimator (true full-batch client gradients: it drives tau,
 and it leaks, so only for this diagnosis) and stops after `--rounds` rounds. Each round the same aggregate
