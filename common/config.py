@@ -470,6 +470,9 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                           "estimate would be clamped to ali-mu-max")
 
 
+OWN_LOCAL_LOOPS = ("fedlap", "dpfedavg-hu")  # strategies whose local rule runs its own plain-SGD step counts
+
+
 def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
     """Refuse a key that the run's local rule would silently ignore: the run would not be the one asked for."""
     dpsgd_steps = v["privacy"] == "dpsgd" and v["strategy"] != "fedlap"  # the rules that run local-steps
@@ -480,7 +483,7 @@ def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
     if v["local-steps"] > 0 and v["strategy"] == "ali-dpfl":
         raise ConfigError(f"local-steps = {v['local-steps']} is not read by strategy 'ali-dpfl': its server sends "
                           "each round's tau (the first: ali-tau-init); set local-steps = 0")
-    own_counts = dpsgd_steps or v["strategy"] in ("fedlap", "dpfedavg-hu")  # no rule of these reads epochs
+    own_counts = dpsgd_steps or v["strategy"] in OWN_LOCAL_LOOPS  # no rule of these reads epochs
     if v["stragglers"] > 0 and own_counts:
         raise ConfigError("stragglers shorten local-epochs, but DP-SGD clients run local-steps (and ALI-DPFL's, "
                           "FedLAP's and Hu et al.'s their own counts): set stragglers = 0")
@@ -492,7 +495,7 @@ def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
         raise ConfigError(f"batch-size = {v['batch-size']} is not read by DP-SGD: its lots are Poisson samples of "
                           f"expected size dp-sample-rate * |D_i| (the rate the accountant uses); set dp-sample-rate "
                           f"instead, and batch-size = {SCHEMA['batch-size'].default}")
-    if v["momentum"] != 0 and v["strategy"] in ("fedlap", "dpfedavg-hu"):
+    if v["momentum"] != 0 and v["strategy"] in OWN_LOCAL_LOOPS:
         raise ConfigError(f"momentum = {v['momentum']} is not read by strategy {v['strategy']!r} (its local steps "
                           "are plain SGD; FedLAP-DP's synthetic images have fedlap-image-momentum): set momentum = 0")
     if v["dataset"] == "adult" and v["adult-split"] == "hu-devices" and v["partition"] != "iid":

@@ -23,11 +23,11 @@ Two estimators, chosen by `ali-mu-estimator`:
   with G_{k-1}'s noise. On an isotropic quadratic (Hessian mu I) that cross
   term is mu eta (V_k + V_{k-1}), and once noise dominates this estimate tends
   to 2 sqrt(mu / eta) at tau = 1, whatever mu (4x mu at mu = 0.5, eta = 0.1;
-  review of session 19). Solving for it assumes
-  that the curvature along the trajectory is the curvature in the noise's
-  directions: on the suites' CNNs that version read mu 0.01-0.06 where the
-  paper's own estimator read 0.15-1.6 on the same trajectory (this form:
-  0.07-0.20; presets/repro/ali-table2/compare_mu.py), so it is not used.
+  review of session 19). Solving for it assumes that the curvature along the
+  trajectory is the curvature in the noise's directions: on the suites' CNNs
+  that version read mu 0.01-0.06 where the paper's own estimator read 0.15-1.6
+  on the same trajectory (this form: 0.07-0.20;
+  presets/repro/ali-table2/compare_mu.py), so it is not used.
   Also works under secure aggregation (only the aggregate is used).
 
 - `paper`: the paper's estimator, mu = sum_i p_i ||grad F_i(w^i) - grad F_i(w)||
