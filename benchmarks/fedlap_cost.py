@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
-from common.config import load_preset, validate  # noqa: E402
+from common.config import drop_unread, load_preset, validate  # noqa: E402
 from common.models import build_model, num_parameters  # noqa: E402
 from common.records import ARRAYS, CONFIG, arrays_nbytes, model_to_arrays, recorddict_nbytes  # noqa: E402
 
@@ -79,8 +79,8 @@ def main() -> None:
         raw[key] = _value(value)
     raw["device"] = "cpu"
     fedlap_cfg = validate({**raw, "strategy": "fedlap", "state-dir": "/tmp/privfed-bench-state"})
-    fedavg_cfg = validate({**raw, "strategy": "fedavg", "privacy": "none",
-                           "local-epochs": args.fedavg_epochs, "momentum": 0.9})
+    fedavg_cfg = validate(drop_unread(raw, {"strategy": "fedavg", "privacy": "none",  # less the fedlap-* keys
+                                            "local-epochs": args.fedavg_epochs, "momentum": 0.9}))
 
     from client.node import LocalClient
     from client.updates.fedlap import fedlap_update

@@ -79,14 +79,15 @@ class ClientTimer:
 def one_run(setting: str, upcycled: bool, rounds: int, strategy: str, out: Path, seed: int) -> dict:
     from rich.console import Console
 
-    from common.config import load_preset, validate
+    from common.config import drop_unread, load_preset, validate
     from server.inprocess import run_inprocess
 
     s = dict(SETTINGS[setting])
     preset = load_preset(REPO / "presets" / s.pop("preset"))
-    overrides = {**preset, **s, "strategy": strategy, "num-rounds": rounds, "upcycled": upcycled, "seed": seed,
-                 "results-dir": str(out), "run-name": f"{setting}-{'upc' if upcycled else 'vanilla'}-{seed}",
-                 "data-dir": os.environ.get("PRIVFED_DATA_DIR", str(REPO.parent / "shared" / "data"))}
+    overrides = drop_unread({**preset, **s}, {  # the vanilla runs less upcycled-theta
+        "strategy": strategy, "num-rounds": rounds, "upcycled": upcycled, "seed": seed, "results-dir": str(out),
+        "run-name": f"{setting}-{'upc' if upcycled else 'vanilla'}-{seed}",
+        "data-dir": os.environ.get("PRIVFED_DATA_DIR", str(REPO.parent / "shared" / "data"))})
     if setting == "table5":
         overrides["output-noise-std"] = 0.8 if upcycled else 1.0
     config = validate(overrides)

@@ -5,8 +5,9 @@
     privfed privacy steps   --epsilon E --delta D --q Q --sigma S
     privfed privacy ledger  PATH --delta D
 
-Guarantees are record-level (epsilon, delta)-DP for one client's data under
-add/remove-one neighbours. `--conversion` picks the RDP -> DP conversion
+The calculator's guarantees are record-level (epsilon, delta)-DP for one
+client's data under add/remove-one neighbours; `ledger` states each entry's own
+relation (objective perturbation and Hu et al.'s entries: replace-one). `--conversion` picks the RDP -> DP conversion
 (classic: Mironov 2017; balle: Balle et al. 2020, tighter), `--orders` the RDP
 order grid; `--json` prints one JSON object instead of text.
 """

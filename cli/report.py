@@ -5,7 +5,8 @@ Each RESULTS_DIR may be
 - a suite's results folder (`<out>/<suite>/`, holding `suite.json`): rewrites
   its `report.md`, `report.csv` and `plots/` from the runs found there;
 - a run folder (holding `summary.json`), or a folder of run folders: redraws
-  each run's `accuracy.png` and prints one table of all runs.
+  each run's `accuracy.png` (and a private run's `accuracy_vs_epsilon.png`)
+  and prints one table of all runs.
 
 Folders are searched recursively; runs inside a suite folder belong to its report.
 """

@@ -114,10 +114,11 @@ def parse_seeds(text: str | None) -> list[int] | None:
 
 
 def build_overrides(preset: str, sets: Mapping[str, Any]) -> dict[str, Any]:
-    """Preset overrides with --set applied on top, validated (ConfigError names a bad key)."""
-    from common.config import load_preset, validate
+    """Preset overrides with --set applied on top, validated (ConfigError names a bad key); the preset's keys
+    that the --set values make unread (its upcycled-theta with `upcycled=false`) are dropped."""
+    from common.config import drop_unread, load_preset, validate
 
-    overrides = {**load_preset(resolve_preset(preset)), **sets}
+    overrides = drop_unread(load_preset(resolve_preset(preset)), sets)
     validate(overrides)
     return overrides
 

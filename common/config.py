@@ -19,7 +19,7 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 Scalar = bool | int | float | str
 INT64_MAX = 2**63 - 1
@@ -120,8 +120,9 @@ SCHEMA: dict[str, Key] = {
     "local-epochs": Key(1, "local epochs per round", low=1),
     "batch-size": Key(32, "local minibatch size", low=1),
     "lr": Key(0.1, "local SGD learning rate", low=0.0, low_open=True),
+    # below 1: at 1 the velocity is the undecayed sum of every gradient of the round
     "momentum": Key(0.0, "local SGD momentum (reset every round; ali-dpfl with the dp-secant mu estimator: "
-                    "must be 0)", low=0.0, high=1.0),
+                    "must be 0)", low=0.0, high=1.0, high_open=True),
     "device": Key("auto", "where clients train", choices=("auto", "cpu", "cuda", "mps")),
     "server-device": Key("auto", "where the server evaluates the global model (and trains it: FedLAP-DP)",
                          choices=("auto", "cpu", "cuda", "mps")),
@@ -197,7 +198,8 @@ SCHEMA: dict[str, Key] = {
     "fedlap-model-steps": Key(0, "FedLAP R_l: model steps on S_k per while-iteration (full batch)", low=0),
     "fedlap-radius": Key(10.0, "FedLAP r: trust-region radius around the global model", low=0.0, low_open=True),
     "fedlap-image-lr": Key(100.0, "FedLAP tau: SGD learning rate of the synthetic images", low=0.0, low_open=True),
-    "fedlap-image-momentum": Key(0.5, "FedLAP: SGD momentum of the synthetic images", low=0.0, high=1.0),
+    "fedlap-image-momentum": Key(0.5, "FedLAP: SGD momentum of the synthetic images", low=0.0, high=1.0,
+                                 high_open=True),
     "fedlap-mse-weight": Key(0.1, "FedLAP lambda: weight of the squared-L2 term of the matching distance", low=0.0),
     "fedlap-dsa": Key(True, "FedLAP: DSA augmentation (same seeded op on real and synthetic batches, local "
                       "model steps, calibration and server training)"),
@@ -323,15 +325,54 @@ class RunConfig(Mapping[str, Scalar]):
         return validate({**self._values, **{k.replace("_", "-"): v for k, v in changes.items()}})
 
 
-# Keys that change nothing in a run of this config: a finished run or a checkpoint with another value of one is
-# the same run (output-sensitivity's default changed in session 11; ALI-DPFL's presets set local-steps = 1
-# until session 19, which its server's tau always replaced).
-INERT_WHEN = {"output-sensitivity": lambda config: config.get("privacy") != "output",
-              "local-steps": lambda config: config.get("strategy") == "ali-dpfl"}
+# The keys a run reads only in one mode (a strategy, a mechanism, a dataset): (prefix or key, the mode in
+# words, whether a config is in it). Outside its mode such a key changes nothing, so validation refuses a
+# value other than its default (the run would not be the one asked for), and a finished run or a checkpoint
+# with another value of it is the same run.
+_MODES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool]], ...] = (
+    ("server-momentum", "strategy = 'fedavgm'", lambda c: c.get("strategy") == "fedavgm"),
+    ("server-nesterov", "strategy = 'fedavgm'", lambda c: c.get("strategy") == "fedavgm"),
+    ("prox-mu", "strategy = 'fedprox'", lambda c: c.get("strategy") == "fedprox"),
+    ("scaffold-", "strategy = 'scaffold'", lambda c: c.get("strategy") == "scaffold"),
+    ("feddyn-", "strategy = 'feddyn'", lambda c: c.get("strategy") == "feddyn"),
+    ("pfedme-", "strategy = 'pfedme'", lambda c: c.get("strategy") == "pfedme"),
+    ("yogi-", "strategy = 'fedyogi'", lambda c: c.get("strategy") == "fedyogi"),
+    ("hu-", "strategy = 'dpfedavg-hu'", lambda c: c.get("strategy") == "dpfedavg-hu"),
+    ("fedlap-", "strategy = 'fedlap'", lambda c: c.get("strategy") == "fedlap"),
+    ("ali-", "strategy = 'ali-dpfl'", lambda c: c.get("strategy") == "ali-dpfl"),
+    ("upcycled-", "upcycled = true", lambda c: bool(c.get("upcycled"))),
+    ("secagg-", "secure-aggregation = true", lambda c: bool(c.get("secure-aggregation"))),
+    ("output-", "privacy = 'output'", lambda c: c.get("privacy") == "output"),
+    ("objective-", "privacy = 'objective'", lambda c: c.get("privacy") == "objective"),
+    *((k, "privacy = 'dpsgd'", lambda c: c.get("privacy") == "dpsgd")
+      for k in ("dp-sample-rate", "dp-clip", "dp-noise-multiplier", "dp-grad-sample-mode")),
+    ("synthetic-", "dataset = 'synthetic'", lambda c: c.get("dataset") == "synthetic"),
+    ("adult-split", "dataset = 'adult'", lambda c: c.get("dataset") == "adult"),
+    ("adult-eval", "dataset = 'adult' and adult-split = 'hu-devices'",
+     lambda c: c.get("dataset") == "adult" and c.get("adult-split") == "hu-devices"),
+    ("dirichlet-alpha", "partition = 'dirichlet'", lambda c: c.get("partition") == "dirichlet"),
+    ("classes-per-client", "partition = 'classes'", lambda c: c.get("partition") == "classes"),
+    # ALI-DPFL's server sends every round's tau (its presets set local-steps = 1 until session 19)
+    ("local-steps", "a strategy other than 'ali-dpfl'", lambda c: c.get("strategy") != "ali-dpfl"),
+)
+
+
+def read_only_when(key: str) -> tuple[str, Callable[[Mapping[str, Any]], bool]] | None:
+    return next(((why, when) for prefix, why, when in _MODES if key.startswith(prefix)), None)
 
 
 def is_inert(key: str, config: Mapping[str, Any]) -> bool:
-    return key in INERT_WHEN and INERT_WHEN[key](config)
+    mode = read_only_when(key)
+    return mode is not None and not mode[1](config)
+
+
+def drop_unread(base: Mapping[str, Any], given: Mapping[str, Any] = MappingProxyType({})) -> dict[str, Any]:
+    """`base` overridden by `given`, less the keys of `base` that the result does not read: a preset's or a
+    suite's shared keys apply where they are read (upcycled-theta once `upcycled = false` is given); a key
+    in `given` stays, and validation refuses it if it is not read."""
+    merged = {**base, **given}
+    config = {**defaults(), **merged}
+    return {k: v for k, v in merged.items() if k in given or not is_inert(k, config)}
 
 
 def _unknown_key_message(key: str) -> str:
@@ -436,6 +477,10 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
     if v["strategy"] == "ali-dpfl" and (v["privacy"] != "dpsgd" or v["target-epsilon"] <= 0):  # ALI-DPFL
         raise ConfigError("strategy 'ali-dpfl' plans DP-SGD iterations from the budget: set privacy = 'dpsgd' "
                           "and target-epsilon > 0 (local-steps is then set by the server every round)")
+    if v["strategy"] == "ali-dpfl" and _ali_iteration_budget(v) == 0:
+        raise ConfigError(f"target-epsilon = {v['target-epsilon']} allows no DP-SGD step at dp-sample-rate = "
+                          f"{v['dp-sample-rate']}, dp-noise-multiplier = {v['dp-noise-multiplier']} and target-delta = "
+                          f"{v['target-delta']} ({v['accountant']} accountant): raise target-epsilon or the noise")
     if v["strategy"] == "ali-dpfl" and v["fraction-train"] < 1:  # one tau for all: t must stay common
         raise ConfigError("strategy 'ali-dpfl' plans one tau per round from the clients' common step count t "
                           "(the paper: every client, every round); with fraction-train < 1 the clients' t "
@@ -462,12 +507,27 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "
                           "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")
     _check_ignored_keys(v)
+    _check_keys_outside_their_mode(v)
     if v["ali-tau-init"] > v["ali-tau-max"]:
         raise ConfigError(f"ali-tau-init = {v['ali-tau-init']} exceeds ali-tau-max = {v['ali-tau-max']}: every tau* "
                           "is clamped to ali-tau-max, the first round's too")
     if v["ali-mu-min"] > v["ali-mu-max"]:
         raise ConfigError(f"ali-mu-min = {v['ali-mu-min']} exceeds ali-mu-max = {v['ali-mu-max']}: every mu "
                           "estimate would be clamped to ali-mu-max")
+
+
+def _ali_iteration_budget(v: Mapping[str, Scalar]) -> int:
+    from common.privacy.plan import ali_iteration_budget  # imported late: it loads dp-accounting
+
+    return ali_iteration_budget(v)
+
+
+def _check_keys_outside_their_mode(v: Mapping[str, Scalar]) -> None:
+    for key, value in v.items():
+        if value != SCHEMA[key].default and is_inert(key, v):
+            raise ConfigError(f"{key} = {value!r} is read only with {read_only_when(key)[0]}, which this run "
+                              f"does not have: it would be ignored; remove it, or set {key} = "
+                              f"{SCHEMA[key].default!r}")
 
 
 OWN_LOCAL_LOOPS = ("fedlap", "dpfedavg-hu")  # strategies whose local rule runs its own plain-SGD step counts

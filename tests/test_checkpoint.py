@@ -18,7 +18,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 import client.node
 from client import resume
 from client.privacy import ledger_path
-from common.config import ConfigError, validate
+from common.config import ConfigError, drop_unread, validate
 from common.privacy.events import dpsgd_steps
 from common.privacy.ledger import PrivacyLedger
 from server.checkpoint import CheckpointError, Checkpointer, load_checkpoint, save_checkpoint
@@ -35,10 +35,10 @@ STEPS = 2
 
 
 def config(tmp_path, name, **extra):
-    return validate({"num-clients": 3, "num-rounds": 3, "strategy": "fedavgm", "privacy": "dpsgd",
-                     "local-steps": STEPS, "dp-sample-rate": 0.2, "dp-noise-multiplier": 1.0, "lr": 0.5,
-                     "dp-noise-seed": "run-seed",  # resumed and uninterrupted runs are compared bit for bit
-                     "results-dir": str(tmp_path / "results"), "run-name": name, **extra})
+    return validate(drop_unread({"num-clients": 3, "num-rounds": 3, "strategy": "fedavgm", "privacy": "dpsgd",
+                                 "local-steps": STEPS, "dp-sample-rate": 0.2, "dp-noise-multiplier": 1.0, "lr": 0.5,
+                                 "dp-noise-seed": "run-seed",  # resumed and uninterrupted runs compared bit for bit
+                                 "results-dir": str(tmp_path / "results"), "run-name": name}, extra))
 
 
 def run(cfg, run_id, die_after: int | None = None, after_replies: bool = False):
@@ -186,10 +186,10 @@ def test_snapshots_are_kept_per_lineage_and_bounded(tmp_path):
 
 # --- crash consistency (an adversarial review, session 11) ------------------------------------
 def resumable(tmp_path, **extra):
-    return validate({"num-clients": 3, "num-rounds": 3, "strategy": "fedavgm", "privacy": "dpsgd",
-                     "local-steps": STEPS, "dp-sample-rate": 0.2, "dp-noise-multiplier": 1.0, "lr": 0.5,
-                     "results-dir": str(tmp_path / "results"), "state-dir": str(tmp_path / "state"),
-                     "run-name": "r", "checkpoint": True, **extra})
+    return validate(drop_unread({"num-clients": 3, "num-rounds": 3, "strategy": "fedavgm", "privacy": "dpsgd",
+                                 "local-steps": STEPS, "dp-sample-rate": 0.2, "dp-noise-multiplier": 1.0, "lr": 0.5,
+                                 "results-dir": str(tmp_path / "results"), "state-dir": str(tmp_path / "state"),
+                                 "run-name": "r", "checkpoint": True}, extra))
 
 
 def client_steps(cfg, partition):

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from cli.main import build_parser, main
-from cli.run import available_presets, parse_scalar, parse_seeds
+from cli.run import available_presets, build_overrides, parse_scalar, parse_seeds
 from common.config import ConfigError
 
 
@@ -102,3 +102,24 @@ def test_run_simulation_engine(capsys, tmp_path):
     assert code == 0, err + out[-2000:]
     summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
     assert summary["clients"] == 3 and summary["rounds"] == 2
+
+
+@pytest.mark.parametrize("preset, sets", [
+    ("hu-adult", {"secure-aggregation": False}),  # presets/hu-adult.toml: the baseline without it
+    ("upcycled-syn", {"upcycled": False, "num-rounds": 80}),  # presets/upcycled-syn.toml: the vanilla baseline
+    ("upcycled-objective", {"upcycled": False, "objective-alpha": 10.0}),
+    ("ali-mnist", {"strategy": "fedavg", "num-clients": 1, "partition": "iid", "local-steps": 2,
+                   "target-epsilon": 0}),  # presets/repro/ali-table2/README.md: the central probe
+])
+def test_a_documented_preset_variant_drops_the_preset_keys_it_makes_unread(preset, sets):
+    """The preset's secagg-min-survivors / upcycled-theta / dirichlet-alpha is not read once the --set
+    values apply: refusing it (as a --set of it is refused) stopped the documented commands."""
+    overrides = build_overrides(preset, sets)
+    assert all(overrides[k] == v for k, v in sets.items())
+
+
+def test_a_set_key_the_run_would_not_read_is_refused():
+    with pytest.raises(ConfigError, match=r"upcycled-theta = 0.5 is read only with upcycled = true"):
+        build_overrides("upcycled-syn", {"upcycled": False, "upcycled-theta": 0.5})
+    with pytest.raises(ConfigError, match=r"prox-mu = 0.1 is read only with strategy = 'fedprox'"):
+        build_overrides("default", {"prox-mu": 0.1})

@@ -30,6 +30,8 @@ def test_unknown_key_names_it_and_suggests():
     ("fraction-train", 1.5, r"'fraction-train'"),
     ("dataset", "imagenet", r"'dataset' must be one of 'synthetic'"),
     ("synthetic-iid", 1, r"'synthetic-iid' must be a bool"),
+    ("momentum", 1.0, r"'momentum' must be a float in \[0.0, 1.0\)"),  # the velocity would never decay
+    ("fedlap-image-momentum", 1.0, r"'fedlap-image-momentum' must be a float in \[0.0, 1.0\)"),
 ])
 def test_bad_values_name_key_and_allowed(key, value, pattern):
     with pytest.raises(ConfigError, match=pattern):
@@ -107,3 +109,9 @@ def test_a_key_the_run_would_not_use_as_given_is_refused(run, key):
 def test_ali_dpfl_needs_no_local_steps():
     """Its server sends every round's tau: validation demanded a local-steps > 0 that nothing read."""
     validate({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 2.0})
+
+
+def test_an_ali_budget_too_small_for_one_step_is_a_config_error():
+    """It was a bare ValueError raised while the server built its strategy, after the nodes had started."""
+    with pytest.raises(ConfigError, match=r"target-epsilon = 0.01 allows no DP-SGD step at dp-sample-rate = 0.015"):
+        validate({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 0.01, "dp-sample-rate": 0.015})

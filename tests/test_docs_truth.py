@@ -38,6 +38,12 @@ def test_run_table_rounds_counts_the_rounds_a_budget_stopped_run_ran(capsys, tmp
     assert len(rows) == 3 and summary["final"]["round"] == 3  # the budget ended the run after round 3 of 5
     assert read_summary(run_dir)["rounds"] == 3, (
         f"the run table's `rounds` says {read_summary(run_dir)['rounds']} for a run that ended after round 3")
+    # README (The privfed command) names the table's columns; it named a results-folder column that was not one
+    header = next(line for line in out.splitlines() if "accuracy" in line and "seconds" in line)
+    printed = [c.strip() for c in re.split(r"[┃│|]", header) if c.strip()]
+    sentence = re.search(r"It prints the rounds and a final table \((.*?)\), then each run's results folder",
+                         " ".join(README.read_text().split()))
+    assert sentence and re.findall(r"(?:^|; |, )(\w+)", sentence.group(1))[:len(printed)] == printed, printed
 
 
 def test_upcycled_ledgers_hold_odd_rounds_only_as_the_privacy_table_says(capsys, tmp_path, one_torch_thread):

@@ -86,7 +86,8 @@ def test_dp_fedprox_keeps_the_proximal_term_at_the_same_privacy_cost(tmp_path):
 
     distance, epsilon = {}, {}
     for strategy in ("fedavg", "fedprox"):
-        config = dp_config(tmp_path / strategy, **{"num-rounds": 1, "strategy": strategy, "prox-mu": 1.5})
+        mu = {"prox-mu": 1.5} if strategy == "fedprox" else {}
+        config = dp_config(tmp_path / strategy, **{"num-rounds": 1, "strategy": strategy, **mu})
         results = run(config, run_id=33)
         start = [p.detach().numpy() for p in initial_model(config).parameters()]
         with np.load(results / "model.npz") as final:

@@ -24,7 +24,7 @@ import argparse
 import json
 import time
 
-from common.config import validate
+from common.config import drop_unread, validate
 from server.inprocess import run_inprocess
 
 BASE = {
@@ -52,12 +52,11 @@ def main() -> None:
     for clip in args.clips:
         t0 = time.time()
         part = "iid" if args.partition == "iid" else f"dir{args.alpha:g}"
-        config = validate({**BASE, "dataset": args.dataset, "partition": args.partition,
-                           "dirichlet-alpha": args.alpha, "model": args.model,
-                           "dp-grad-sample-mode": args.grad_sample_mode, "eval-every": args.eval_every,
-                           "dp-clip": clip, "local-steps": args.tau,
-                           "num-rounds": args.rounds, "results-dir": args.out,
-                           "run-name": f"{args.dataset}-{args.model}-{part}-tau{args.tau}-C{clip}"})
+        config = validate(drop_unread({**BASE, "dirichlet-alpha": args.alpha}, {  # no alpha with --partition iid
+            "dataset": args.dataset, "partition": args.partition, "model": args.model,
+            "dp-grad-sample-mode": args.grad_sample_mode, "eval-every": args.eval_every, "dp-clip": clip,
+            "local-steps": args.tau, "num-rounds": args.rounds, "results-dir": args.out,
+            "run-name": f"{args.dataset}-{args.model}-{part}-tau{args.tau}-C{clip}"}))
         run_dir = run_inprocess(config)
         summary = json.loads((run_dir / "summary.json").read_text())
         print(json.dumps({"clip": clip, "tau": args.tau, "rounds": args.rounds, "dataset": args.dataset,

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT))
 
-from common.config import SCHEMA, validate  # noqa: E402
+from common.config import SCHEMA, drop_unread, validate  # noqa: E402
 from common.data import load_client  # noqa: E402
 from common.data.errors import DataFileError  # noqa: E402
 from common.privacy.ledger import PrivacyLedger  # noqa: E402
@@ -51,7 +51,8 @@ def ledgers_for(config, rows) -> dict[int, PrivacyLedger]:
 
 def run_epsilons(run_dir: Path, delta: float) -> dict:
     summary = json.loads((run_dir / "summary.json").read_text())
-    config = validate({k: v for k, v in summary["config"].items() if k in SCHEMA})  # the schema may have grown
+    # the schema may have grown; a run from before the mode table (common/config.py _MODES) may hold unread keys
+    config = validate(drop_unread({k: v for k, v in summary["config"].items() if k in SCHEMA}))
     rows = read_rows(run_dir)
     ledgers = ledgers_for(config, rows)
     mech = str(config["privacy"])
