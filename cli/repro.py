@@ -257,7 +257,7 @@ def _final_accuracy(run_dir: Path) -> str:
 
     try:
         acc = json.loads((run_dir / "summary.json").read_text())["final"]["accuracy"]
-        return f"{acc:.4f}"
+        return "not finite" if acc is None else f"{acc:.4f}"
     except (OSError, KeyError, TypeError, ValueError):
         return "?"
 

@@ -19,6 +19,8 @@ def evaluate(model: torch.nn.Module, x: np.ndarray, y: np.ndarray, device: torch
         xb = torch.as_tensor(x[start:start + batch_size], device=device)
         yb = torch.as_tensor(y[start:start + batch_size], device=device)
         logits = model(xb)
+        if torch.isnan(logits).any():  # a diverged model: argmax would pick class 0 and score its rate
+            return float("nan"), float("nan")
         total_loss += F.cross_entropy(logits, yb, reduction="sum").item()
         correct += (logits.argmax(dim=1) == yb).sum().item()
     return total_loss / len(y), correct / len(y)

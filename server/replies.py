@@ -26,7 +26,7 @@ MAX_ABS_VALUE = 1e6
 def reply_problem(msg: Message, reference: ArrayRecord, max_examples: int | None) -> str | None:
     """Why `msg` cannot be aggregated against `reference`, or None if it can."""
     if msg.has_error():
-        return f"client error: {msg.error.reason}"
+        return f"{CLIENT_ERROR}{msg.error.reason}"
     content = msg.content
     if sorted(content.keys()) != sorted((ARRAYS, METRICS)) or not isinstance(content[ARRAYS], ArrayRecord) \
             or not isinstance(content[METRICS], MetricRecord):  # Flower raises on replies with other names
@@ -85,6 +85,12 @@ def examples_problem(metric: MetricRecord, max_examples: int | None) -> str | No
 
 
 DROPPING = "dropping reply"  # how every strategy's log line about a screened-out reply begins
+CLIENT_ERROR = "client error: "  # its problem for an error reply (the runner counts those as failed already)
+
+
+def screened_out(log_line: str) -> bool:
+    """Whether a strategy's log line says it dropped a reply that was not an error reply."""
+    return log_line.startswith(DROPPING) and f": {CLIENT_ERROR}" not in log_line
 
 
 def screen(replies: Iterable[Message], reference: ArrayRecord, max_examples: Callable[[int], int | None],

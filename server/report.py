@@ -16,14 +16,14 @@ A suite is a folder `presets/repro/SUITE/` holding `suite.toml`:
     rows = ["FedAvg", "Upc-FedAvg"]  # optional: row order (default: first appearance)
     columns = ["Syn(iid)", "Syn(0,0)"]  # optional: column order
 
-    [suite.overrides]                # run-config overrides for every cell (after base)
+    [suite.overrides]                # run-config overrides for every cell (after base) that reads them
     num-rounds = 80
 
     [[cell]]
     row = "FedAvg"
     column = "Syn(iid)"
     preset = "cells/x.toml"          # optional: more overrides from a file (relative to this folder)
-    overrides = { dataset = "syn-iid" }  # run-config overrides for this cell (applied last)
+    overrides = { dataset = "syn-iid" }  # this cell's (applied last; one it does not read is refused)
     paper = 98.06                    # the paper's number (omit when the paper has none)
     paper-std = 0.07                 # optional
     seeds = [1, 2]                   # optional: this cell's own seeds
@@ -54,7 +54,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from common.config import ConfigError, is_inert, validate
+from common.config import SCHEMA, ConfigError, defaults, drop_unread, is_inert, validate
 from common.durable import write_atomically
 from server.results import is_measured
 
@@ -77,9 +77,14 @@ class Metric:
     needs_param: bool = False
 
 
+def _measured(row: Mapping[str, Any], key: str) -> float:
+    """A row's number; NaN where results files hold null (a diverged model's NaN accuracy and loss)."""
+    return math.nan if row.get(key) is None else float(row[key])
+
+
 def _final(key: str):
     def fn(rows, summary, param):
-        return float(rows[-1][key]) if rows and rows[-1].get(key) is not None else math.nan, None
+        return (_measured(rows[-1], key) if rows else math.nan), None
     return fn
 
 
@@ -93,7 +98,7 @@ def _accuracy_at_round(rows, summary, param):
         if r["round"] == int(param):
             if r.get("evaluated") is False:  # eval-every > 1: its accuracy is a copy of an earlier round's
                 return math.nan, f"round {int(param)} was not evaluated (eval-every)"
-            return float(r["accuracy"]), None
+            return _measured(r, "accuracy"), None
     return math.nan, f"round {int(param)} not reached"
 
 
@@ -139,7 +144,7 @@ def _accuracy_at_epsilon(rows, summary, param):
         return math.nan, f"epsilon passed {param:g} in the first round ({min(known):.4g})"
     # a label covers every epsilon the paper prints as it (2.795 for "2.79"): within 1 % below it is reached
     note = None if max(known) >= 0.99 * param else f"epsilon never reached {param:g} (max {max(known):.4g})"
-    return float(within[-1]["accuracy"]), note
+    return _measured(within[-1], "accuracy"), note
 
 
 METRICS: dict[str, Metric] = {
@@ -200,7 +205,9 @@ class Suite:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Suite":
-        cells = tuple(Cell(**{**c, "seeds": tuple(c["seeds"])}) for c in data["cells"])
+        # a snapshot from before the mode table (common/config.py _MODES) may hold keys its cells do not read
+        cells = tuple(Cell(**{**c, "seeds": tuple(c["seeds"]), "overrides": drop_unread(c["overrides"])})
+                      for c in data["cells"])
         return cls(**{**data, "cells": cells, "seeds": tuple(data["seeds"]), "rows": tuple(data["rows"]),
                       "columns": tuple(data["columns"])})
 
@@ -348,10 +355,11 @@ def load_suite(name: str, root: Path = REPRO_DIR) -> Suite:
         if (raw["row"], raw["column"]) in seen:
             raise ConfigError(f"{cw}: defined twice")
         seen.add((raw["row"], raw["column"]))
-        overrides = dict(base)
+        shared = dict(base)
         if raw.get("preset"):
-            overrides.update(_preset_overrides(str(raw["preset"]), path.parent, cw))
-        overrides.update(_overrides_table(raw.get("overrides", {}), f"{cw} overrides"))
+            shared.update(_preset_overrides(str(raw["preset"]), path.parent, cw))
+        # the shared keys a cell does not read are dropped (upcycled-theta on vanilla rows); its own are refused
+        overrides = drop_unread(shared, _overrides_table(raw.get("overrides", {}), f"{cw} overrides"))
         for key in RUN_KEYS[:3]:
             overrides.pop(key, None)  # the suite sets these per run
         cell = Cell(row=raw["row"], column=raw["column"], overrides=overrides,
@@ -414,7 +422,6 @@ def _same_run(done: dict[str, Any], wanted: dict[str, Any]) -> bool:
 def _did_before_key(key: str, value: Any, done: dict[str, Any]) -> bool:
     """Whether a run from before `key` existed did what `key = value` does now: the key's default,
     except dp-noise-seed: private runs drew their noise from the run seed, other runs draw none."""
-    from common.config import SCHEMA, defaults
     from common.privacy.plan import is_private
 
     if key not in SCHEMA:
@@ -491,11 +498,16 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
                 continue
             summary = json.loads((run_dir / "summary.json").read_text())
             if summary.get("failed_replies"):  # counted, and said: not quite the planned experiment
-                res.notes.append(f"seed {seed}: {summary['failed_replies']} train replies failed or timed out")
-            if summary.get("rounds", 0) < summary.get("planned_rounds", 0):  # its final model is an earlier one
+                res.notes.append(f"seed {seed}: {summary['failed_replies']} train replies failed, timed out or were "
+                                 "dropped as unusable")
+            if diverged := summary.get("diverged"):
+                res.notes.append(f"seed {seed}: the global model diverged in round {diverged['round']} "
+                                 f"({diverged['why']}); the run ended there")
+            elif summary.get("rounds", 0) < summary.get("planned_rounds", 0):  # its final model is an earlier one
                 res.notes.append(f"seed {seed}: ended after round {summary['rounds']} of {summary['planned_rounds']} "
                                  "(no client could train further: budgets spent, or clients left out)")
             value, note = metric.fn(rows, summary, suite.metric_param)
+            value = math.nan if summary.get("diverged") else value  # left out of the mean, and noted
             res.values.append(value * suite.scale)
             res.seeds.append(seed)
             res.curves.append([r["accuracy"] * suite.scale if is_measured(r) else math.nan for r in rows])

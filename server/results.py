@@ -77,6 +77,21 @@ def refuse_taken(run_dir: Path) -> None:
                           "that folder")
 
 
+def refuse_diverged(run_dir: Path) -> None:
+    """ConfigError if `run_dir` holds a finished run that diverged: its diverged round is not checkpointed,
+    so resuming would train that round again and charge the clients' budgets again for the same outcome."""
+    try:
+        diverged = json.loads((run_dir / "summary.json").read_text()).get("diverged")
+    except (OSError, ValueError, AttributeError):
+        return
+    if diverged:
+        from common.config import ConfigError
+
+        raise ConfigError(f"run {run_dir} diverged in round {diverged['round']} ({diverged['why']}); resuming "
+                          "would train that round again: change the config (e.g. lower the learning rates) "
+                          "and start afresh under another run-name")
+
+
 _held: set[Path] = set()
 
 

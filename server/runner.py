@@ -28,9 +28,9 @@ from server.report import epsilon_note
 from server.metered_grid import MeteredGrid
 from server.polling_grid import with_polling
 from server.privacy_mirror import PrivacyMirror
-from server.replies import DROPPING
+from server.replies import DROPPING, magnitude_problem, screened_out
 from server.results import (ResultsWriter, claim_run_names, default_run_name, hold_run_folder, package_versions,
-                            refuse_taken)
+                            refuse_diverged, refuse_taken)
 from server.roster import enroll
 from server.strategies.chain import declared
 from server.strategies.registry import build_strategy
@@ -153,9 +153,17 @@ def in_sent_order(messages: list[Message], replies: Iterable[Message]) -> list[M
     return sorted(replies, key=lambda r: position.get(r.metadata.src_node_id, len(position)))
 
 
+def divergence(arrays) -> str | None:
+    """Why no client can train on the server's new global model: its own step (FedYogi's, SCAFFOLD's, an
+    Upcycled extrapolation) made it non-finite, or larger than any reply may be (server/replies.py)."""
+    return next((f"array {key!r} {problem}" for key, array in arrays.items()
+                 if (problem := magnitude_problem(array.numpy()))), None)
+
+
 def failed_replies(messages: list[Message], replies: list[Message]) -> int:
-    """Train instructions answered by an error other than a budget refusal, or not at all by the timeout:
-    a run with any is not quite the planned experiment, and its report says so (summary `failed_replies`)."""
+    """Train instructions answered by an error other than a budget refusal, or not at all by the timeout
+    (the runner adds the replies the strategy screened out): a run with any is not quite the planned
+    experiment, and its report says so (summary `failed_replies`)."""
     errors = sum(1 for r in replies if r.has_error() and r.error.code != BUDGET_EXHAUSTED)
     return errors + max(0, len(messages) - len(replies))
 
@@ -182,6 +190,8 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     with hold_run_folder(run_dir):  # before the check: two runs of one explicit run-name never both pass it
         if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
             refuse_taken(run_dir)
+        else:
+            refuse_diverged(run_dir)
         return _federate(grid, config, console, log, checkpointer, run_dir, round_lines)
 
 
@@ -202,10 +212,12 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     x_test, y_test = load_test_set(config)
     arrays = model_to_arrays(model)
     dropped: list[str] = []  # why the strategy dropped its first reply (the error if none was ever usable)
+    screened = [0]  # this round's replies the strategy dropped that were not error replies
 
     def strategy_log(text: str) -> None:
         if text.startswith(DROPPING) and not dropped:
             dropped.append(text)
+        screened[0] += screened_out(text)
         log(text)
     strategy = build_strategy(config, roster, strategy_log)
     mirror = PrivacyMirror(config, roster.partitions)
@@ -235,8 +247,10 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
 
     num_rounds = int(config["num-rounds"])
     updated, failure, refusal = resumed is not None, "", ""  # the first client error; the first budget refusal
+    diverged = None
     for server_round in range(first_round, num_rounds + 1):
         metered.reset()
+        screened[0] = 0
         t0 = time.perf_counter()
         if not active_partitions(strategy):
             log("no client can train (each spent its privacy budget or was left out by secure aggregation); "
@@ -260,12 +274,13 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
                                    if r.has_error() and r.error.code == BUDGET_EXHAUSTED), "")
         if aggregated is not None:
             arrays, updated = aggregated, True
+            diverged = divergence(arrays)
         elif metered.messages_down:
             log(f"round {server_round}: no usable reply; the global model is unchanged")
         load_arrays(model, arrays)
         eval_every = int(config["eval-every"])  # > 1 (ALI-DPFL CPU suites): rows in between carry the last values
         evaluated = eval_every == 1 or server_round % eval_every == 0 or server_round == num_rounds \
-            or not active_partitions(strategy)  # the run's last round is always evaluated
+            or not active_partitions(strategy) or diverged  # the run's last round is always evaluated
         if evaluated:
             loss, accuracy = evaluate(model, x_test, y_test, device)
         elif server_round == first_round:  # a resumed run carries the checkpoint's last row
@@ -274,7 +289,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         row = {
             "round": server_round, "accuracy": accuracy, "loss": loss,
             "seconds": time.perf_counter() - t0, "bytes_up": metered.bytes_up, "bytes_down": metered.bytes_down,
-            "clients": metered.messages_down, "failed": failed_replies(messages, replies),
+            "clients": metered.messages_down, "failed": failed_replies(messages, replies) + screened[0],
             "train_loss": None if train_metrics is None else train_metrics.get("train-loss"),
             **extra_train_metrics(train_metrics),
             **mirror.round_metrics(),
@@ -293,6 +308,10 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         if round_lines:
             console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
                           f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
+        if diverged:  # not checkpointed, and summary.json says so: the same command again is refused
+            log(f"round {server_round}: the global model diverged ({diverged}); no client can train on it, "
+                "so the run ends here (lower the learning rates)")
+            break
         checkpointer.save(server_round, arrays, strategy, mirror, writer)
 
     if not updated:  # e.g. an unwritable state-dir, a spent budget: the run must not look like a result
@@ -311,6 +330,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         "privacy": mirror.summary(), "data_files": federation.meta.get("files", []),
         "node_state": node_state_folder(config, grid),
         "failed_replies": sum(int(row.get("failed", 0)) for row in writer.rows),
+        **({"diverged": {"round": final["round"], "why": diverged}} if diverged else {}),
     }
     if mirror.enabled:
         writer.plot_accuracy_vs_epsilon(f"{config['strategy']} on {config['dataset']}")
@@ -318,7 +338,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     writer.plot_accuracy(f"{config['strategy']} on {config['dataset']}")
     writer.write_summary(summary)  # last: summary.json marks a finished run (repro, report)
     spent = f", epsilon {spent_text(final, 4)} at delta {final['delta']:g}" if "epsilon_max" in final else ""
-    console.print(f"privfed: final accuracy {final['accuracy']:.4f}, loss {finite_text(final['loss'], 4)}{spent}")
+    console.print(f"privfed: final accuracy {finite_text(final['accuracy'], 4)}, loss {finite_text(final['loss'], 4)}"
+                  f"{spent}")
     if mirror.enabled:
         console.print(f"privfed: {epsilon_note(summary)}")
     if warning:

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from common.config import ConfigError
+from server.report import load_suite
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -108,3 +111,17 @@ def test_upcycled_cost_benchmark_vanilla_run_validates(monkeypatch, tmp_path):
     monkeypatch.setattr(server.inprocess, "run_inprocess", reached)
     with pytest.raises(Reached):
         mod.one_run("table1", False, 2, "fedavg", tmp_path, seed=0)
+
+
+def test_a_cell_override_its_run_does_not_read_is_refused_not_dropped(tmp_path):
+    """load_suite passes the merged base + suite + cell overrides through drop_unread, which drops every unread
+    key, a cell's own included: a cell `overrides = { prox-mu = 0.1 }` on a FedAvg run loads and runs plain
+    FedAvg, where `privfed run --set prox-mu=0.1` is refused ("read only with strategy = 'fedprox'")."""
+    root = tmp_path / "suites"
+    (root / "px").mkdir(parents=True)
+    (root / "px" / "suite.toml").write_text(
+        '[suite]\nname = "px"\ndescription = "d"\nseeds = [1]\n'
+        '[suite.overrides]\ndataset = "synthetic"\nnum-clients = 2\n'
+        '[[cell]]\nrow = "R"\ncolumn = "C"\noverrides = { prox-mu = 0.1 }\n')
+    with pytest.raises(ConfigError, match="prox-mu"):
+        load_suite("px", root=root)

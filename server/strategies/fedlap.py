@@ -39,7 +39,7 @@ from common.fedlap.trust import param_distance, vote_radius
 from common.models import build_model
 from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
 from common.seeding import global_torch_rng, torch_generator
-from server.replies import DROPPING, arrays_problem, examples_problem, magnitude_problem, read_payload
+from server.replies import CLIENT_ERROR, DROPPING, arrays_problem, examples_problem, magnitude_problem, read_payload
 from server.roster import Roster
 from server.strategies.fedavg import RosterSampling
 
@@ -48,7 +48,7 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
                 max_examples: int | None, max_radius: float = math.inf) -> str | None:
     """Why a FedLAP reply cannot be used, or None if it can."""
     if msg.has_error():
-        return f"client error: {msg.error.reason}"
+        return f"{CLIENT_ERROR}{msg.error.reason}"
     content = msg.content
     if SET_KEY not in content or not isinstance(content[SET_KEY], ArrayRecord):
         return f"no synthetic set (ArrayRecord {SET_KEY!r})"
