@@ -69,7 +69,7 @@ class PrivacyMirror:
         if not self.enabled:
             return {"mechanism": "none"}
         return {
-            "delta": self.delta, "accountant": self.accountant, "noise_seed": self.noise_seed,
+            **self.row_label, "noise_seed": self.noise_seed,  # as the rows state it
             "ledgers": {
                 str(p): {
                     "entries": len(ledger.entries), "steps": ledger.steps(), "relations": sorted(ledger.relations()),

@@ -280,7 +280,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         load_arrays(model, arrays)
         eval_every = int(config["eval-every"])  # > 1 (ALI-DPFL CPU suites): rows in between carry the last values
         evaluated = eval_every == 1 or server_round % eval_every == 0 or server_round == num_rounds \
-            or not active_partitions(strategy) or diverged  # the run's last round is always evaluated
+            or not active_partitions(strategy) or diverged is not None  # the run's last round is always evaluated
         if evaluated:
             loss, accuracy = evaluate(model, x_test, y_test, device)
         elif server_round == first_round:  # a resumed run carries the checkpoint's last row

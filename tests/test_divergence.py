@@ -38,8 +38,10 @@ def test_a_server_step_that_makes_the_global_model_infinite_is_not_reported_as_a
     model.npz holds inf and summary.json states final accuracy 0.5455 (the class-0 rate: argmax of NaN
     logits is 0), which a suite averages in like any other seed. Measured: no error, final
     {'accuracy': 0.5454..., 'loss': None}, model.npz max |w| = inf."""
-    out = run(tmp_path, strategy="fedyogi", **{"yogi-lr": 1e39, "num-rounds": 3, "run-name": "y"})
+    out = run(tmp_path, strategy="fedyogi", **{"yogi-lr": 1e39, "num-rounds": 3, "run-name": "y", "eval-every": 2})
     summary = json.loads((out / "summary.json").read_text())
+    (row,) = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert row["evaluated"] is True  # the diverged round is evaluated (eval-every would have skipped it)
     assert summary["final"] == {"accuracy": None, "loss": None, "round": 1}  # NaN, and the run ended there
     assert summary["diverged"]["round"] == 1 and "NaN or inf" in summary["diverged"]["why"]
     assert summary["failed_replies"] == 0  # no client was asked to train on the diverged model

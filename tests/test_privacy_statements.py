@@ -55,6 +55,8 @@ def test_objective_perturbation_note_names_basic_composition_of_pure_dp_not_the_
     row = mirror.round_metrics()  # the rows, the round line and the plot's axis say the same (review, session 18)
     assert row["delta"] == 0.0 and row["accountant"] == "pure, basic composition", row
     assert row["epsilon_max"] == mirror.ledgers[0].pure_epsilon()
+    summary = mirror.summary()  # and summary.json (it said delta = target-delta, accountant rdp: session 20)
+    assert (summary["delta"], summary["accountant"]) == (0.0, "pure, basic composition"), summary
 
 
 # --- a ledger mixing neighbouring relations is not one (epsilon, delta) statement ----------------------
