@@ -25,6 +25,7 @@ import os
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,20 +48,24 @@ class Job:
         return f"{self.cell.label} s{self.seed}"
 
 
-def run_job(overrides: dict[str, Any], threads: int = 1) -> tuple[str, float]:
+def run_job(overrides: dict[str, Any], threads: int = 1) -> tuple[str, float | None]:
     """One suite run on the in-process engine; its console output goes to <run>/log.txt.
 
-    Top-level so worker processes can run it. Returns (results folder, seconds).
+    Top-level so worker processes can run it. Returns (results folder, seconds; None: another command
+    finished the run meanwhile). A run another command holds raises RunFolderInUse.
     """
     from rich.console import Console
 
     from common.config import validate
     from server.inprocess import quiet_flower, run_inprocess
+    from server.report import finished_as
     from server.results import hold_run_folder
 
     config = validate(overrides)
     run_dir = Path(str(config["results-dir"])) / str(config["run-name"])
     with hold_run_folder(run_dir):  # a run still going there is refused before its files are touched
+        if finished_as(run_dir, config):  # another `privfed repro` on this --out finished it meanwhile
+            return str(run_dir), None
         for name in ("summary.json", "metrics.jsonl"):  # `plan` found this run stale or unfinished: redone
             (run_dir / name).unlink(missing_ok=True)
         started = time.perf_counter()
@@ -165,11 +170,11 @@ def main(args: argparse.Namespace) -> int:
     console.print(f"privfed repro: suite [bold]{suite.name}[/]: {len(cells)} cell(s), "
                   f"{len(todo) + len(done)} run(s): {len(done)} finished, {len(todo)} to run, {args.jobs} job(s); "
                   f"results in {suite_dir}")
-    failed = _execute(todo, len(done), args.jobs, console)
+    failed, busy = _execute(todo, len(done), args.jobs, console)
     wall = time.perf_counter() - started
+    executed = len(todo) - len(failed) - len(busy)
     try:
-        write_timing(suite_dir, wall, executed=len(todo) - len(failed), skipped=len(done), failed=len(failed),
-                     jobs=args.jobs)
+        write_timing(suite_dir, wall, executed=executed, skipped=len(done), failed=len(failed), jobs=args.jobs)
         md, results = render_report(suite_dir, plots=not args.no_plots)
     except OSError as e:  # the runs are kept: `privfed report` writes the report once there is room
         print(f"privfed repro: error: the runs are in {suite_dir}, but the report could not be written: "
@@ -178,8 +183,9 @@ def main(args: argparse.Namespace) -> int:
     _print_table(console, results)
     for job, why in failed:
         print(f"privfed repro: run failed: {job.label}: {why}", file=sys.stderr)
-    console.print(f"privfed repro: {len(todo) - len(failed)} run(s) executed, {len(done)} skipped, "
-                  f"{len(failed)} failed in {wall:.1f} s")
+    held = f", {len(busy)} left to another command running them" if busy else ""
+    console.print(f"privfed repro: {executed} run(s) executed, {len(done)} skipped, {len(failed)} failed{held} "
+                  f"in {wall:.1f} s")
     console.print(f"privfed repro: report in {md} and {md.with_suffix('.csv')}")
     return 1 if failed else 0
 
@@ -198,20 +204,29 @@ def _preflight(jobs: list[Job]) -> None:
             load_federation(config)
 
 
-def _execute(todo: list[Job], skipped: int, jobs: int, console) -> list[tuple[Job, str]]:
+def _execute(todo: list[Job], skipped: int, jobs: int, console) -> tuple[list[tuple[Job, str]], list[Job]]:
+    """Run `todo`: (the failed runs with why, the runs another command holds)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
+    from server.results import RunFolderInUse
+
     failed: list[tuple[Job, str]] = []
+    busy: list[Job] = []  # held by another command: reported, not counted as failed
     total = len(todo) + skipped
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
 
-    def finished(progress, task, job: Job, result: tuple[str, float] | None, error: BaseException | None):
-        if error is not None:
+    def finished(job: Job, result: tuple[str, float | None] | None, error: BaseException | None):
+        if isinstance(error, RunFolderInUse):  # neither failed nor done here: the next invocation counts it
+            busy.append(job)
+            progress.console.print(f"  busy {job.label}: another command is running it", highlight=False)
+        elif error is not None:
             why = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
             failed.append((job, why))
             progress.console.print(f"  [red]failed[/] {job.label}: {why}", markup=True, highlight=False)
+        elif result[1] is None:
+            progress.console.print(f"  done {job.label} by another command", highlight=False)
         else:
             acc = _final_accuracy(Path(result[0]))
             progress.console.print(f"  done {job.label}: accuracy {acc}  ({result[1]:.1f} s)", highlight=False)
@@ -219,8 +234,6 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> list[tuple[Jo
 
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("runs", total=total, completed=skipped)
-        if not todo:
-            return failed
         if jobs == 1:
             for job in todo:
                 progress.update(task, description=f"runs ({job.label})")
@@ -229,27 +242,45 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> list[tuple[Jo
                 except Exception as e:  # noqa: BLE001 (a failed run is reported, the suite goes on)
                     if os.environ.get("PRIVFED_DEBUG"):
                         raise
-                    finished(progress, task, job, None, e)
+                    finished(job, None, e)
                 else:
-                    finished(progress, task, job, result, None)
+                    finished(job, result, None)
             progress.update(task, description="runs")
-            return failed
-        ctx = multiprocessing.get_context("spawn")  # torch and fork do not mix
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=ctx, initializer=_worker_init) as pool:
-            pending = {pool.submit(run_job, job.overrides): job for job in todo}
-            try:
-                while pending:
-                    ready, _ = wait(pending, return_when=FIRST_COMPLETED)
-                    for fut in ready:
-                        job = pending.pop(fut)
-                        e = fut.exception()
-                        finished(progress, task, job, None if e else fut.result(), e)
-            except KeyboardInterrupt:  # leaving the block would wait for the runs under way: stop them
-                for proc in (pool._processes or {}).values():  # private, but the only handle on a worker
-                    proc.kill()
-                pool.shutdown(wait=False, cancel_futures=True)
-                raise
-    return failed
+            return failed, busy
+        queue = list(todo)
+        while queue:
+            suspects, queue = _in_pool(queue, jobs, finished)
+            for job in suspects:  # a worker died (killed: out of memory?) under one of them: each alone finds which
+                if _in_pool([job], 1, finished)[0]:
+                    finished(job, None, RuntimeError("its worker process died (killed, e.g. out of memory)"))
+    return failed, busy
+
+
+def _in_pool(todo: list[Job], workers: int, finished) -> tuple[list[Job], list[Job]]:
+    """Run `todo` in a pool of `workers` processes, at most one run each, calling `finished` on each run
+    done. A worker that dies breaks the pool and the executor kills the others: then return (the runs in
+    flight, which are to be redone, the runs not started), else ([], [])."""
+    ctx = multiprocessing.get_context("spawn")  # torch and fork do not mix
+    queue, running = list(todo), {}
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init) as pool:
+        try:
+            while queue or running:
+                while queue and len(running) < workers:
+                    job = queue.pop(0)
+                    running[pool.submit(run_job, job.overrides)] = job
+                ready, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in ready:
+                    if not isinstance(fut.exception(), BrokenProcessPool):
+                        job, e = running.pop(fut), fut.exception()
+                        finished(job, None if e else fut.result(), e)
+                if running.keys() & ready:  # what is left of `ready` broke with the pool
+                    return list(running.values()), queue
+        except KeyboardInterrupt:  # leaving the block would wait for the runs under way: stop them
+            for proc in (pool._processes or {}).values():  # private, but the only handle on a worker
+                proc.kill()
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+    return [], []
 
 
 def _final_accuracy(run_dir: Path) -> str:

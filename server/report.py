@@ -367,9 +367,12 @@ def load_suite(name: str, root: Path = REPRO_DIR) -> Suite:
                     paper=_number(raw.get("paper"), f"{cw} paper"),
                     paper_std=_number(raw.get("paper-std"), f"{cw} paper-std"), note=str(raw.get("note", "")))
         try:
-            validate(cell.run_overrides(cell.seeds[0], Path("/")))
+            config = validate(cell.run_overrides(cell.seeds[0], Path("/")))
         except ConfigError as err:
             raise ConfigError(f"{cw}: {err}") from None
+        if config["checkpoint"]:  # its runs are named s<seed> in every cell: checkpoints and ledgers would mix
+            raise ConfigError(f"{cw}: checkpoint = true is for single runs (`privfed run`); a suite redoes an "
+                              "unfinished run from its start")
         if cell.folder in folders:
             raise ConfigError(f"{cw}: its folder name {cell.folder!r} clashes with cell {folders[cell.folder]}")
         folders[cell.folder] = cell.label
@@ -402,6 +405,11 @@ def expected_config(cell: Cell, seed: int) -> dict[str, Any]:
 
 def run_is_finished(run_dir: Path, cell: Cell, seed: int) -> bool:
     """summary.json exists and was written for this cell's config (not a stale one)."""
+    return finished_as(run_dir, expected_config(cell, seed))
+
+
+def finished_as(run_dir: Path, wanted: Mapping[str, Any]) -> bool:
+    """summary.json exists and was written for the config `wanted` (not a stale one)."""
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         return False
@@ -409,7 +417,7 @@ def run_is_finished(run_dir: Path, cell: Cell, seed: int) -> bool:
         config = json.loads(path.read_text()).get("config", {})
     except (OSError, json.JSONDecodeError):
         return False
-    return _same_run(_comparable(config), _comparable(expected_config(cell, seed))) and config.get("seed") == seed
+    return _same_run(_comparable(config), _comparable(dict(wanted))) and config.get("seed") == wanted["seed"]
 
 
 def _same_run(done: dict[str, Any], wanted: dict[str, Any]) -> bool:
@@ -497,6 +505,10 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
                 res.notes.append(f"seed {seed}: unreadable metrics.jsonl ({err}); not counted")
                 continue
             summary = json.loads((run_dir / "summary.json").read_text())
+            if "rounds" in summary and (not rows or rows[-1].get("round") != summary["rounds"]):  # cut at a line
+                res.notes.append(f"seed {seed}: metrics.jsonl ends before round {summary.get('rounds')} of its "
+                                 "summary.json; not counted")
+                continue
             if summary.get("failed_replies"):  # counted, and said: not quite the planned experiment
                 res.notes.append(f"seed {seed}: {summary['failed_replies']} train replies failed, timed out or were "
                                  "dropped as unusable")
@@ -705,7 +717,8 @@ def plot_vs_paper(suite: Suite, results: list[CellResult], out_dir: Path) -> Pat
 def write_snapshot(suite: Suite, suite_dir: Path) -> Path:
     suite_dir.mkdir(parents=True, exist_ok=True)
     path = suite_dir / SNAPSHOT_FILE
-    path.write_text(json.dumps(suite.to_json(), indent=2) + "\n")
+    text = json.dumps(suite.to_json(), indent=2) + "\n"
+    write_atomically(path, lambda fh: fh.write(text.encode()))  # a full disk keeps the earlier snapshot
     return path
 
 

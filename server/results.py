@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
+from common.config import ConfigError
 from common.durable import write_atomically
 
 PACKAGES = ("privfed", "flwr", "torch", "numpy", "opacus", "dp-accounting", "cryptography")
@@ -45,8 +46,6 @@ def claim_run_names(root: Path, stem: str, suffixes: list[str]) -> str:
 
 
 def _claim(folders: list[Path]) -> bool:
-    from common.config import ConfigError
-
     made = []
     try:
         for folder in folders:
@@ -71,8 +70,6 @@ def holds_run(run_dir: Path) -> bool:
 def refuse_taken(run_dir: Path) -> None:
     """ConfigError if `run_dir` holds a run (`privfed run` checks every run up front, the ServerApp again)."""
     if holds_run(run_dir):
-        from common.config import ConfigError
-
         raise ConfigError(f"results folder {run_dir} already holds a run; choose another run-name or remove "
                           "that folder")
 
@@ -85,11 +82,13 @@ def refuse_diverged(run_dir: Path) -> None:
     except (OSError, ValueError, AttributeError):
         return
     if diverged:
-        from common.config import ConfigError
-
         raise ConfigError(f"run {run_dir} diverged in round {diverged['round']} ({diverged['why']}); resuming "
                           "would train that round again: change the config (e.g. lower the learning rates) "
                           "and start afresh under another run-name")
+
+
+class RunFolderInUse(ConfigError):
+    """Another run (another command, or this one) holds the results folder."""
 
 
 _held: set[Path] = set()
@@ -109,10 +108,8 @@ def hold_run_folder(run_dir: Path) -> Iterator[None]:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            from common.config import ConfigError
-
-            raise ConfigError(f"results folder {run_dir} is in use by a run still going; choose another "
-                              "run-name") from None
+            raise RunFolderInUse(f"results folder {run_dir} is in use by a run still going; choose another "
+                                 "run-name") from None
         except OSError as err:  # a filesystem without flock (some network mounts): run unheld, as before
             if err.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
