@@ -497,7 +497,11 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
             if not run_dir.name[1:].isdigit():
                 continue
             seed = int(run_dir.name[1:])
-            if seed not in cell.seeds or not run_is_finished(run_dir, cell, seed):
+            if seed not in cell.seeds:
+                continue
+            if not run_is_finished(run_dir, cell, seed):
+                if (run_dir / "summary.json").is_file():  # the cell was edited since: `privfed repro` redoes it
+                    res.notes.append(f"seed {seed}: its run was made with another config (stale); not counted")
                 continue
             try:
                 rows = read_rows(run_dir)

@@ -11,7 +11,7 @@ import pytest
 
 from cli.main import main
 from common.config import ConfigError
-from server.report import CSV_COLUMNS, METRICS, available_suites, expected_config, load_suite, render_report
+from server.report import CSV_COLUMNS, METRICS, available_suites, collect, expected_config, load_suite, render_report
 
 SUITE = textwrap.dedent("""
     [suite]
@@ -105,6 +105,8 @@ def test_filter_seeds_jobs_and_stale_runs(capsys, suite_dir, tmp_path):
 
     # edit the suite: the old run no longer matches its cell, so it is redone (sequentially, same numbers)
     (suite_dir / "suite.toml").write_text(SUITE.replace("num-rounds = 2", "num-rounds = 1"))
+    stale = next(r for r in collect(load_suite(str(suite_dir)), root) if r.cell.column == "Syn(1,1)")
+    assert stale.n == 0 and stale.notes == ["seed 1: its run was made with another config (stale); not counted"]
     code, out, err = repro(capsys, suite_dir, "--out", out_dir, "--filter", "(1,1)", "--seeds", "1")
     assert code == 0 and "1 run(s) executed, 0 skipped" in out
     (suite_dir / "suite.toml").write_text(SUITE)
