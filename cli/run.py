@@ -27,6 +27,7 @@ import argparse
 import json
 import math
 import os
+import re
 import sys
 import time
 import tomllib
@@ -124,13 +125,15 @@ def build_overrides(preset: str, sets: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def absolute_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """data-dir and results-dir made absolute in this process (Flower's processes have another cwd)."""
+    """Every path key made absolute in this process (Flower's processes have another cwd)."""
     from common.config import resolve_data_dir, validate
 
     config = validate(overrides)
     out = dict(overrides)
     out["data-dir"] = str(resolve_data_dir(config))
-    out["results-dir"] = str(Path(str(config["results-dir"])).expanduser().resolve())
+    for key in ("results-dir", "state-dir", "checkpoint-dir"):  # state and checkpoints: "" is a default
+        if config[key]:
+            out[key] = str(Path(str(config[key])).expanduser().resolve())
     return out
 
 
@@ -174,11 +177,14 @@ class SimulationFailed(RuntimeError):
     """`flwr run` exited with an error (the message holds the tail of its output)."""
 
 
+CONFIG_ERROR_LINE = re.compile(r"ConfigError: (.+)$", re.M)  # a traceback's last line, in flwr's output
+
+
 def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, threads: int | None = 1,
             console=None, quiet: bool = False, timeout: float = 24 * 3600, gpus_per_client: float = 0.0) -> Path:
     """Run validated `overrides` on `engine`; return the results folder (RuntimeError on failure).
     `quiet`: no per-round lines and no Flower output; the run's own notes and warnings still print."""
-    from common.config import validate
+    from common.config import ConfigError, validate
 
     config = validate(overrides)
     if engine == "inprocess":
@@ -192,12 +198,15 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
             if not quiet or "privfed: " in line:
                 print(line, flush=True)
 
-        code, output, results = run_with_flower(absolute_paths(overrides), int(config["num-clients"]),
+        absolute = absolute_paths(overrides)
+        code, output, results = run_with_flower(absolute, int(config["num-clients"]),
                                                 timeout=timeout, echo=echo, gpus_per_client=gpus_per_client)
         if code != 0 or results is None:
+            if refusal := CONFIG_ERROR_LINE.findall(output):  # the ServerApp refused the run (Flower exits 0)
+                raise ConfigError(refusal[-1].strip())
             tail = "\n".join(output.rstrip().splitlines()[-15:])
             why = (f"timed out after {timeout:g} s (--timeout)" if TIMED_OUT in output
-                   else f"failed (exit code {code})")
+                   else f"failed (exit code {code})" if code else "failed: the ServerApp ended without results")
             raise SimulationFailed(f"flwr run {why}; last output:\n{tail}")
         return results
     raise ValueError(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")

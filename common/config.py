@@ -456,8 +456,9 @@ RUN_NAME_MAX_BYTES = 200
 def _check_run_name(name: str) -> None:
     """run-name names folders (results, and the nodes' ledgers and snapshots under their state directory):
     one path component, so that no run config can point them elsewhere."""
-    if any(c in name for c in "/\\\0") or name in (".", ".."):
-        raise ConfigError(f"run-name must be a single folder name (no '/', '\\', or '..'); got {name!r}")
+    if any(c in name for c in "/\\") or any(ord(c) < 32 for c in name) or name in (".", ".."):
+        raise ConfigError(f"run-name must be a single folder name (no '/', '\\', control characters or '..'); "
+                          f"got {name!r}")
     if len(name.encode()) > RUN_NAME_MAX_BYTES:  # file names end in suffixes such as "-s<seed>.ckpt.npz"
         raise ConfigError(f"run-name must be at most {RUN_NAME_MAX_BYTES} bytes (file names are limited to "
                           f"255); got {len(name.encode())}")

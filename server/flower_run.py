@@ -131,4 +131,4 @@ def run_with_flower(overrides: Mapping[str, object], num_supernodes: int, *, flw
             lines.append(f"{TIMED_OUT} {timeout:g} s\n")
         output = "".join(lines)
         match = RESULTS_LINE.search(output)
-        return code, output, Path(match.group(1).strip()) if match else None
+        return code, output, Path(match.group(1).rstrip("\r")) if match else None  # a run-name may end in " "

@@ -30,6 +30,7 @@ def test_unknown_key_names_it_and_suggests():
     ("fraction-train", 1.5, r"'fraction-train'"),
     ("dataset", "imagenet", r"'dataset' must be one of 'synthetic'"),
     ("synthetic-iid", 1, r"'synthetic-iid' must be a bool"),
+    ("run-name", "a\nb", r"run-name must be a single folder name .*control characters"),
     ("momentum", 1.0, r"'momentum' must be a float in \[0.0, 1.0\)"),  # the velocity would never decay
     ("fedlap-image-momentum", 1.0, r"'fedlap-image-momentum' must be a float in \[0.0, 1.0\)"),
 ])
