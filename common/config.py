@@ -520,7 +520,11 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
 def _ali_iteration_budget(v: Mapping[str, Scalar]) -> int:
     from common.privacy.plan import ali_iteration_budget  # imported late: it loads dp-accounting
 
-    return ali_iteration_budget(v)
+    try:
+        return ali_iteration_budget(v)
+    except ValueError as err:  # the noise is so large that epsilon never reaches the target: no R_c
+        raise ConfigError(f"strategy 'ali-dpfl' needs a finite step budget R_c: {err}; lower dp-noise-multiplier "
+                          "or dp-sample-rate, or raise target-epsilon") from None
 
 
 def _check_keys_outside_their_mode(v: Mapping[str, Scalar]) -> None:

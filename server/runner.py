@@ -21,7 +21,7 @@ from common.evaluation import evaluate, pick_device
 from common.models import build_model
 from common.records import arrays_nbytes, load_arrays, model_to_arrays
 from client.privacy import BUDGET_EXHAUSTED, ledger_path
-from common.privacy.plan import delta_too_large, is_private, planned_entries
+from common.privacy.plan import delta_too_large, is_private, objective_condition_problem, planned_entries
 from common.records import CONFIG
 from server.checkpoint import Checkpointer
 from server.report import epsilon_note
@@ -206,6 +206,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     log(f"enrolled {len(roster.node_of)} clients ({sum(roster.num_examples.values())} training examples)")
     if warning := delta_warning(config, roster.num_examples.values()):
         log(warning)
+    if problem := objective_condition_problem(config, roster.num_examples.values()):
+        raise ConfigError(problem)  # before round 1: each client's charge would fail on it
 
     device = pick_device(str(config["server-device"]))  # the server's own, whatever the clients use
     model = initial_model(config).to(device)

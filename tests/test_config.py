@@ -116,3 +116,14 @@ def test_an_ali_budget_too_small_for_one_step_is_a_config_error():
     """It was a bare ValueError raised while the server built its strategy, after the nodes had started."""
     with pytest.raises(ConfigError, match=r"target-epsilon = 0.01 allows no DP-SGD step at dp-sample-rate = 0.015"):
         validate({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 0.01, "dp-sample-rate": 0.015})
+
+
+def test_validate_refuses_ali_dpfl_with_noise_too_large_to_bound_rc_with_a_config_error():
+    """(A fuzzing review, session 20.) ALI-DPFL with a noise so large that epsilon never reaches target-epsilon within the step cap:
+    `validate` raises a bare ValueError from the accountant's bracket search (common/privacy/accounting.py,
+    `grown`), not a ConfigError, so `privfed run` (which catches ConfigError around validate) prints a
+    raw traceback instead of a one-line refusal naming the keys."""
+    raw = {"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 1.0,
+           "dp-noise-multiplier": 50.0, "dp-sample-rate": 1e-4}
+    with pytest.raises(ConfigError, match="dp-noise-multiplier|target-epsilon"):
+        validate(raw)

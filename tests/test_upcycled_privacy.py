@@ -161,3 +161,20 @@ def test_upcycled_private_run_ledgers_hold_odd_rounds_only(tmp_path):
     client_eps = PrivacyLedger.load(ledgers[0]).epsilon(cfg["target-delta"])
     mirrored = [v["epsilon"]["rdp"] for v in summary["privacy"]["ledgers"].values()]
     assert any(math.isclose(client_eps, e, rel_tol=1e-9) for e in mirrored)
+
+
+def test_objective_perturbation_with_thm63_condition_violated_is_a_config_error_not_a_crash(tmp_path):
+    """(A fuzzing review, session 20.) privacy = objective with a small prox-mu (valid: prox-mu >= 0) violates Thm 6.3's u2 <= 0.5 |D_i| mu
+    only once |D_i| is known. The run then dies at round 1 with a bare ValueError from
+    common/privacy/accounting.py (upcycled_objective_epsilon) raised inside the server's ledger planning
+    (server/runner.py planned_by_partition), a traceback that names neither objective-u2 nor prox-mu,
+    instead of a ConfigError refusing the run before training."""
+    import client.node
+    from server.inprocess import run_inprocess
+
+    config = validate({"strategy": "fedprox", "privacy": "objective", "prox-mu": 1e-6, "num-rounds": 1,
+                       "num-clients": 2, "dataset": "synthetic", "synthetic-dim": 5,
+                       "results-dir": str(tmp_path / "r"), "state-dir": str(tmp_path / "s"), "run-name": "obj"})
+    client.node._local.clear()
+    with pytest.raises(ConfigError, match="objective-u2|prox-mu"):
+        run_inprocess(config, console=Console(file=io.StringIO()), threads=1)

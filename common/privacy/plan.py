@@ -93,6 +93,19 @@ def delta_too_large(config: Mapping[str, Any], dataset_size: int) -> bool:
     return config["privacy"] != "objective" and float(config["target-delta"]) * int(dataset_size) >= 1
 
 
+def objective_condition_problem(config: Mapping[str, Any], sizes) -> str | None:
+    """Why Upcycled-FL Thm 6.3 (objective perturbation's epsilon) does not hold for the smallest client:
+    it needs u2 <= 0.5 |D_i| mu (common/privacy/accounting.py upcycled_objective_epsilon), i.e.
+    prox-mu >= 2 u2 / |D_i|. None if it holds, or the run has no objective perturbation."""
+    smallest = min(sizes, default=0)
+    u2, mu = float(config["objective-u2"]), float(config["prox-mu"])
+    if config["privacy"] != "objective" or u2 <= 0.5 * smallest * mu:
+        return None
+    return (f"objective perturbation's epsilon (Upcycled-FL Thm 6.3) needs objective-u2 <= 0.5 |D_i| prox-mu for "
+            f"every client; the smallest holds {smallest} examples, so objective-u2 = {u2:g} needs prox-mu >= "
+            f"{2 * u2 / max(smallest, 1):.4g} (got {mu:g}): raise prox-mu, or lower objective-u2 if the loss allows")
+
+
 def _assuming(entry: LedgerEntry, assumption: str) -> LedgerEntry:
     """`entry` with an unenforced condition of its bound (events.py: reports print it as NOT A GUARANTEE)."""
     return LedgerEntry(entry.kind, {**entry.params, "assumption": assumption}, entry.round, entry.meta)
