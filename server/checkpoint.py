@@ -37,6 +37,11 @@ one round, never under-count. A first round interrupted
 before any checkpoint is counted the same way by the next start, which saves a
 round-0 checkpoint at once so that the count survives a second crash.
 
+A run whose server step made the global model diverge (server/runner.py) ends
+without checkpointing that round and writes `<run-name>.diverged.txt`; a
+resume, from whatever results-dir, is then refused: it would train the round
+again and charge the clients again for the same outcome.
+
 A restarted ServerApp is a new Flower run (new run id), so a run is identified
 by privfed's `run-name`, which must be set explicitly for checkpointing. When
 a checkpoint for the run-name exists, the run resumes at the next round: the
@@ -84,6 +89,7 @@ from client.resume import LINEAGE
 from common.checkpoint_file import (JOURNAL_START, UNREADABLE, CheckpointError, append_journal, chain,
                                     journal_line, load_checkpoint, read_journal, save_checkpoint)
 from common.config import ConfigError, is_inert
+from common.durable import write_atomically
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
 from server.lost_round import LedgerTail, empty_but_counted, not_charged
@@ -296,6 +302,10 @@ class Checkpointer:
         self._tails = dict(tails or {})
         if not self.enabled:
             return None, 1
+        if self.diverged_path.exists():  # the diverged round is not checkpointed: it would be trained again
+            raise CheckpointError(f"run {self.config['run-name']!r} diverged ({self.diverged_path.read_text().strip()}"
+                                  f"); resuming would train that round again and charge the clients again: "
+                                  f"change the config (e.g. lower the learning rates) and {AFRESH}")
         if not self.path.exists():  # a fresh start; but round 1 of a crashed one may have been charged
             if model is not None and self._charge_lost_round(0, mirror, any_lineage=True):
                 self.save(0, model, strategy, mirror, writer)  # a round-0 checkpoint: the charge persists
@@ -338,6 +348,16 @@ class Checkpointer:
     @property
     def inflight_path(self) -> Path:
         return self._beside(".inflight.npz")
+
+    @property
+    def diverged_path(self) -> Path:
+        return self._beside(".diverged.txt")
+
+    def mark_diverged(self, server_round: int, why: str) -> None:
+        """Record beside the checkpoint (wherever results-dir points next) that the run diverged."""
+        if self.enabled:
+            text = f"the global model diverged in round {server_round}: {why}\n"
+            write_atomically(self.diverged_path, lambda fh: fh.write(text.encode()))
 
     @property
     def journal_path(self) -> Path:

@@ -74,19 +74,6 @@ def refuse_taken(run_dir: Path) -> None:
                           "that folder")
 
 
-def refuse_diverged(run_dir: Path) -> None:
-    """ConfigError if `run_dir` holds a finished run that diverged: its diverged round is not checkpointed,
-    so resuming would train that round again and charge the clients' budgets again for the same outcome."""
-    try:
-        diverged = json.loads((run_dir / "summary.json").read_text()).get("diverged")
-    except (OSError, ValueError, AttributeError):
-        return
-    if diverged:
-        raise ConfigError(f"run {run_dir} diverged in round {diverged['round']} ({diverged['why']}); resuming "
-                          "would train that round again: change the config (e.g. lower the learning rates) "
-                          "and start afresh under another run-name")
-
-
 class RunFolderInUse(ConfigError):
     """Another run (another command, or this one) holds the results folder."""
 

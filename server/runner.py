@@ -30,7 +30,7 @@ from server.polling_grid import with_polling
 from server.privacy_mirror import PrivacyMirror
 from server.replies import DROPPING, magnitude_problem, screened_out
 from server.results import (ResultsWriter, claim_run_names, default_run_name, hold_run_folder, package_versions,
-                            refuse_diverged, refuse_taken)
+                            refuse_taken)
 from server.roster import enroll
 from server.strategies.chain import declared
 from server.strategies.registry import build_strategy
@@ -190,8 +190,6 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     with hold_run_folder(run_dir):  # before the check: two runs of one explicit run-name never both pass it
         if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
             refuse_taken(run_dir)
-        else:
-            refuse_diverged(run_dir)
         return _federate(grid, config, console, log, checkpointer, run_dir, round_lines)
 
 
@@ -276,7 +274,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
                                    if r.has_error() and r.error.code == BUDGET_EXHAUSTED), "")
         if aggregated is not None:
             arrays, updated = aggregated, True
-            diverged = divergence(arrays)
+            if diverged := divergence(arrays):
+                checkpointer.mark_diverged(server_round, diverged)  # before anything else: resuming is refused
         elif metered.messages_down:
             log(f"round {server_round}: no usable reply; the global model is unchanged")
         load_arrays(model, arrays)
@@ -310,7 +309,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         if round_lines:
             console.print(f"round {server_round:>4}/{num_rounds}  accuracy {accuracy:.4f}  loss {loss:.4f}  "
                           f"clients {row['clients']}{spent}  {row['seconds']:.2f} s")
-        if diverged:  # not checkpointed, and summary.json says so: the same command again is refused
+        if diverged:  # not checkpointed, and marked beside the checkpoint: the same command again is refused
             log(f"round {server_round}: the global model diverged ({diverged}); no client can train on it, "
                 "so the run ends here (lower the learning rates)")
             break

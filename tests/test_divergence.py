@@ -14,6 +14,7 @@ from rich.console import Console
 import client.node
 from common.config import ConfigError, validate
 from common.evaluation import evaluate
+from server.checkpoint import CheckpointError
 from server.inprocess import run_inprocess
 from server.report import METRICS, collect, load_suite
 
@@ -102,21 +103,23 @@ def test_accuracy_metrics_of_a_diverged_run_do_not_crash_the_report():
 
 
 def test_the_same_command_after_a_finished_diverged_checkpointed_run_spends_no_more_privacy(tmp_path):
-    """The diverged round is not checkpointed, so the same command again (for a finished run a no-op)
-    resumes from round 1, re-instructs round 2 (the clients charge it again) and overwrites summary.json.
-    Measured: round 2 epsilon_max 0.99944 after the first run, 1.01438 after the second."""
+    """The diverged round is not checkpointed, so the same command again resumed from round 1, re-instructed
+    round 2 (the clients charged it again) and overwrote summary.json: round 2 epsilon_max 0.99944 after the
+    first run, 1.01438 after the second. Now refused, also from another results-dir (a review of session 20:
+    the refusal read only <results-dir>/<run-name>/summary.json)."""
     overrides = {**DIVERGES_IN_ROUND_2, "checkpoint": True, "run-name": "ck", "privacy": "dpsgd",
-                 "target-epsilon": 0, "local-steps": 2, "dp-noise-multiplier": 1.0, "dp-noise-seed": "run-seed"}
-    spent = []
-    for _ in range(2):
-        try:
-            out = run(tmp_path, **overrides)
-        except ConfigError:  # a fix may refuse to rerun a finished run
-            break
-        summary = json.loads((out / "summary.json").read_text())
-        assert summary.get("diverged", {}).get("round") == 2
-        spent.append(json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])["epsilon_max"])
-    assert len(set(spent)) == 1, spent
+                 "target-epsilon": 0, "local-steps": 2, "dp-noise-multiplier": 1.0, "dp-noise-seed": "run-seed",
+                 "checkpoint-dir": str(tmp_path / "ckpts")}
+    first = run(tmp_path, **overrides)
+    assert json.loads((first / "summary.json").read_text())["diverged"]["round"] == 2
+    spent = json.loads((first / "metrics.jsonl").read_text().splitlines()[-1])["epsilon_max"]
+    for results in (tmp_path / "results", tmp_path / "elsewhere"):
+        with pytest.raises(CheckpointError, match="diverged in round 2.*charge the clients again"):
+            client.node._local.clear()
+            run_inprocess(validate({**BASE, **overrides, "results-dir": str(results),
+                                    "state-dir": str(tmp_path / "state")}),
+                          console=Console(file=io.StringIO(), width=400))
+    assert json.loads((first / "metrics.jsonl").read_text().splitlines()[-1])["epsilon_max"] == spent
 
 
 def test_a_run_diverged_beyond_1e6_is_left_out_of_the_cell_mean(tmp_path):
