@@ -250,7 +250,7 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> tuple[list[tu
         queue = list(todo)
         while queue:
             suspects, queue = _in_pool(queue, jobs, finished)
-            for job in suspects:  # a worker died (killed: out of memory?) under one of them: each alone finds which
+            for job in suspects:  # a worker died (out of memory?) under one of them: each alone finds which
                 if _in_pool([job], 1, finished)[0]:
                     finished(job, None, RuntimeError("its worker process died (killed, e.g. out of memory)"))
     return failed, busy

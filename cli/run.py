@@ -198,8 +198,7 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
             if not quiet or "privfed: " in line:
                 print(line, flush=True)
 
-        absolute = absolute_paths(overrides)
-        code, output, results = run_with_flower(absolute, int(config["num-clients"]),
+        code, output, results = run_with_flower(absolute_paths(overrides), int(config["num-clients"]),
                                                 timeout=timeout, echo=echo, gpus_per_client=gpus_per_client)
         if code != 0 or results is None:
             if refusal := CONFIG_ERROR_LINE.findall(output):  # the ServerApp refused the run (Flower exits 0)
