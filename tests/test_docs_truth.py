@@ -3,15 +3,19 @@ test runs what a document promises, with small settings, and checks the document
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
 from cli.main import main
 from cli.run import read_summary
+from common.config import defaults, validate
 from common.privacy.ledger import PrivacyLedger
+from server.inprocess import run_inprocess
 from tests.conftest import data_dir_or_skip
 
 REPO = Path(__file__).resolve().parents[1]
@@ -243,3 +247,15 @@ def test_every_metrics_jsonl_field_is_documented(capsys, tmp_path, one_torch_thr
     row = _table_row(README.read_text(), "`metrics.jsonl`")
     documented = set(re.findall(r"`([a-z_]+)`", row))
     assert keys <= documented, f"metrics.jsonl fields missing from README's list: {sorted(keys - documented)}"
+
+
+def test_summary_config_records_the_resolved_default_run_name(tmp_path):
+    # README, Results: summary.json holds "the resolved config" (a new-user review, session 20). When run-name is left empty (the
+    # default, and what every plain `flwr run . --stream` does), the runner names the folder
+    # <strategy>-<dataset>-<timestamp> (server/runner.py run_federation) but summary.json keeps
+    # run-name = "", so the summary does not say which run it is (privfed run fills it in; flwr run does not).
+    config = validate({**defaults(), "num-rounds": 1, "results-dir": str(tmp_path)})
+    assert config["run-name"] == ""
+    run_dir = run_inprocess(config, console=Console(file=io.StringIO()))
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["config"]["run-name"] == run_dir.name
