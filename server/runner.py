@@ -187,7 +187,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
     results_root = Path(str(config["results-dir"])).expanduser().resolve()
     run_dir = results_root / (str(config["run-name"]) or claim_run_names(results_root, default_run_name(config),
                                                                            [""]))
-    config = config.replace(run_name=run_dir.name)  # summary.json's config says which run it is
+    config = {**config, "run-name": run_dir.name}  # summary.json's config says which run it is
     with hold_run_folder(run_dir):  # before the check: two runs of one explicit run-name never both pass it
         if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
             refuse_taken(run_dir)
