@@ -352,8 +352,10 @@ _MODES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool]], ...] = (
      lambda c: c.get("dataset") == "adult" and c.get("adult-split") == "hu-devices"),
     ("dirichlet-alpha", "partition = 'dirichlet'", lambda c: c.get("partition") == "dirichlet"),
     ("classes-per-client", "partition = 'classes'", lambda c: c.get("partition") == "classes"),
-    # ALI-DPFL's server sends every round's tau (its presets set local-steps = 1 until session 19)
-    ("local-steps", "a strategy other than 'ali-dpfl'", lambda c: c.get("strategy") != "ali-dpfl"),
+    # FedLAP-DP runs its fedlap-* loops; ALI-DPFL's server sends every round's tau (its presets set
+    # local-steps = 1 until session 19)
+    ("local-steps", "privacy = 'dpsgd' and a strategy other than 'fedlap' and 'ali-dpfl' (whose server sends "
+     "each round's tau)", lambda c: c.get("privacy") == "dpsgd" and c.get("strategy") not in ("fedlap", "ali-dpfl")),
 )
 
 
@@ -540,14 +542,7 @@ OWN_LOCAL_LOOPS = ("fedlap", "dpfedavg-hu")  # strategies whose local rule runs 
 
 def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
     """Refuse a key that the run's local rule would silently ignore: the run would not be the one asked for."""
-    dpsgd_steps = v["privacy"] == "dpsgd" and v["strategy"] != "fedlap"  # the rules that run local-steps
-    if v["local-steps"] > 0 and not dpsgd_steps:
-        raise ConfigError(f"local-steps counts DP-SGD steps (privacy = 'dpsgd', not with FedLAP); this run "
-                          f"(privacy {v['privacy']!r}, strategy {v['strategy']!r}) trains local-epochs: set "
-                          f"local-steps = 0")
-    if v["local-steps"] > 0 and v["strategy"] == "ali-dpfl":
-        raise ConfigError(f"local-steps = {v['local-steps']} is not read by strategy 'ali-dpfl': its server sends "
-                          "each round's tau (the first: ali-tau-init); set local-steps = 0")
+    dpsgd_steps = v["privacy"] == "dpsgd" and v["strategy"] != "fedlap"  # the rules that count DP-SGD steps
     own_counts = dpsgd_steps or v["strategy"] in OWN_LOCAL_LOOPS  # no rule of these reads epochs
     if v["stragglers"] > 0 and own_counts:
         raise ConfigError("stragglers shorten local-epochs, but DP-SGD clients run local-steps (and ALI-DPFL's, "

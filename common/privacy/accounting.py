@@ -527,6 +527,11 @@ def upcycled_output_epsilon_from_params(rounds: int, clip_norm: float, noise_std
     return zcdp_epsilon(c, delta)
 
 
+def thm63_holds(u2: float, mu: float, dataset_size: int) -> bool:
+    """Upcycled-FL Thm 6.3's condition on a client: u2 <= 0.5 |D_i| mu."""
+    return u2 <= 0.5 * dataset_size * mu
+
+
 def upcycled_objective_epsilon(alphas: Sequence[float], u1: float, u2: float, mu: float, dataset_size: int) -> float:
     """Upcycled-FL Thm 6.3: sum over releases of (2 alpha_m u1 mu + 2.8 u2) / (|D_i| mu),
     pure DP. (The theorem sums m = 0..M, i.e. M+1 releases; pass one alpha per
@@ -534,7 +539,7 @@ def upcycled_objective_epsilon(alphas: Sequence[float], u1: float, u2: float, mu
     n = int(dataset_size)
     if n <= 0 or mu <= 0:
         raise ValueError("objective perturbation needs |D_i| > 0 and mu > 0")
-    if u2 > 0.5 * n * mu:
+    if not thm63_holds(u2, mu, n):
         raise ValueError(f"Thm 6.3 needs u2 <= 0.5 |D_i| mu; got u2={u2}, |D_i|={n}, mu={mu}")
     return sum((2 * a * u1 * mu + 2.8 * u2) / (n * mu) for a in alphas)
 

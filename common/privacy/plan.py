@@ -95,11 +95,13 @@ def delta_too_large(config: Mapping[str, Any], dataset_size: int) -> bool:
 
 def objective_condition_problem(config: Mapping[str, Any], sizes) -> str | None:
     """Why Upcycled-FL Thm 6.3 (objective perturbation's epsilon) does not hold for the smallest client:
-    it needs u2 <= 0.5 |D_i| mu (common/privacy/accounting.py upcycled_objective_epsilon), i.e.
-    prox-mu >= 2 u2 / |D_i|. None if it holds, or the run has no objective perturbation."""
+    it needs u2 <= 0.5 |D_i| mu, i.e. prox-mu >= 2 u2 / |D_i|. None if it holds, or the run has no
+    objective perturbation."""
+    from common.privacy.accounting import thm63_holds
+
     smallest = min(sizes, default=0)
     u2, mu = float(config["objective-u2"]), float(config["prox-mu"])
-    if config["privacy"] != "objective" or u2 <= 0.5 * smallest * mu:
+    if config["privacy"] != "objective" or thm63_holds(u2, mu, smallest):
         return None
     return (f"objective perturbation's epsilon (Upcycled-FL Thm 6.3) needs objective-u2 <= 0.5 |D_i| prox-mu for "
             f"every client; the smallest holds {smallest} examples, so objective-u2 = {u2:g} needs prox-mu >= "
