@@ -177,13 +177,15 @@ class SimulationFailed(RuntimeError):
     """`flwr run` exited with an error (the message holds the tail of its output)."""
 
 
-CONFIG_ERROR_LINE = re.compile(r"ConfigError: (.+)$", re.M)  # a traceback's last line, in flwr's output
+# a traceback's last line, in flwr's output: the ServerApp refused the config, or to resume its checkpoint
+REFUSAL_LINE = re.compile(r"(ConfigError|CheckpointError): (.+)$", re.M)
 
 
 def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, threads: int | None = 1,
             console=None, quiet: bool = False, timeout: float = 24 * 3600, gpus_per_client: float = 0.0) -> Path:
     """Run validated `overrides` on `engine`; return the results folder (RuntimeError on failure).
     `quiet`: no per-round lines and no Flower output; the run's own notes and warnings still print."""
+    from common.checkpoint_file import CheckpointError
     from common.config import ConfigError, validate
 
     config = validate(overrides)
@@ -201,8 +203,9 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
         code, output, results = run_with_flower(absolute_paths(overrides), int(config["num-clients"]),
                                                 timeout=timeout, echo=echo, gpus_per_client=gpus_per_client)
         if code != 0 or results is None:
-            if refusal := CONFIG_ERROR_LINE.findall(output):  # the ServerApp refused the run (Flower exits 0)
-                raise ConfigError(refusal[-1].strip())
+            if refusal := REFUSAL_LINE.findall(output):  # the ServerApp refused the run (Flower exits 0)
+                kind, why = refusal[-1]
+                raise (ConfigError if kind == "ConfigError" else CheckpointError)(why.strip())
             tail = "\n".join(output.rstrip().splitlines()[-15:])
             why = (f"timed out after {timeout:g} s (--timeout)" if TIMED_OUT in output
                    else f"failed (exit code {code})" if code else "failed: the ServerApp ended without results")
@@ -320,6 +323,7 @@ def error(command: str, err: BaseException | str, code: int = 2) -> int:
 def main(args: argparse.Namespace) -> int:
     from rich.console import Console
 
+    from common.checkpoint_file import CheckpointError
     from common.config import ConfigError, validate
     from common.data.errors import DataFileError
 
@@ -365,7 +369,7 @@ def main(args: argparse.Namespace) -> int:
             run_dir = run_one(run, engine=args.engine, workers=args.workers, threads=threads,
                               console=run_console, quiet=args.quiet, timeout=args.timeout,
                               gpus_per_client=args.gpus_per_client)
-        except (ConfigError, DataFileError) as err:
+        except (ConfigError, DataFileError, CheckpointError) as err:  # the user's to fix: exit 2, all of it
             return error("run", err)
         except SimulationFailed as err:
             return error("run", err, 1)

@@ -242,3 +242,14 @@ def test_privacy_calculator_refuses_non_finite_numbers(capsys, argv):
         main(["privacy", *argv])
     out, err = capsys.readouterr()
     assert info.value.code == 2 and out == "" and "finite" in err
+
+
+def test_a_refused_resume_is_the_users_to_fix_and_says_all_of_it(capsys, tmp_path):
+    """A resume refused for a changed config (CheckpointError) exited 1 with its first line and a pointer
+    to PRIVFED_DEBUG, like a crash; it is a refusal of the user's input, as a ConfigError is: exit 2."""
+    common = ["run", "default", "--set", "checkpoint=true", "--set", 'run-name="c"', "--set",
+              f'state-dir="{tmp_path / "state"}"', "--results-dir", str(tmp_path / "res"), "--quiet"]
+    code, _, err = run(capsys, *common, "--set", "num-rounds=2")
+    assert code == 0, err
+    code, _, err = run(capsys, *common, "--set", "num-rounds=2", "--set", "lr=0.5")
+    assert code == 2 and "different run config" in err and "PRIVFED_DEBUG" not in err, err

@@ -143,3 +143,23 @@ def test_a_run_diverged_beyond_1e6_is_left_out_of_the_cell_mean(tmp_path):
     (res,) = collect(suite, out_dir)
     assert any("diverged" in n for n in res.notes)
     assert res.n == 0, (res.values, res.mean)
+
+
+def test_fedlap_server_training_that_diverges_ends_the_run_as_diverged(tmp_path, monkeypatch):
+    """FedLAP-DP's own server step (training on the clients' sets) makes the model NaN. It used to be
+    dropped with a log line: the round counted no failure, the run went on spending the clients' budget
+    on rounds whose sets the server could not use, and summary.json read like a finished result."""
+    import server.strategies.fedlap as fedlap
+
+    def blows_up(model, sets, **kw):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(float("nan"))
+        return 1, 0.0, float("nan")
+
+    monkeypatch.setattr(fedlap, "train_on_sets", blows_up)
+    out = run(tmp_path, strategy="fedlap", **{"fedlap-ipc": 1, "fedlap-dsa": False, "num-rounds": 3,
+                                             "fedlap-real-batches": 1, "fedlap-image-lr": 0.1, "run-name": "f"})
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["diverged"]["round"] == 1 and "NaN or inf" in summary["diverged"]["why"]
+    assert summary["rounds"] == 1 and summary["final"]["accuracy"] is None
