@@ -14,7 +14,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 from rich.console import Console
 
-from common.config import ConfigError, RunConfig, resolve_model_name
+from common.config import ConfigError, RunConfig, resolve_data_dir, resolve_model_name
 from common.data import load_test_set, load_federation
 from common.data.provenance import differing
 from common.evaluation import evaluate, pick_device
@@ -324,7 +324,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     # a resumed run with no round left (the same command again) adds no time to what the checkpoint holds
     wall_seconds = checkpointer.wall_seconds() if first_round <= num_rounds else checkpointer.earlier_seconds
     summary = {
-        "config": dict(config), "versions": package_versions(),
+        # data-dir as this process resolved it ("" means $PRIVFED_DATA_DIR or ./data: which one, it says)
+        "config": {**config, "data-dir": str(resolve_data_dir(config))}, "versions": package_versions(),
         "initial": {"accuracy": initial_accuracy, "loss": initial_loss},
         "final": {"accuracy": final["accuracy"], "loss": final["loss"], "round": final["round"]},
         "rounds": final["round"], "planned_rounds": num_rounds, "wall_seconds": wall_seconds,

@@ -123,3 +123,14 @@ def test_a_set_key_the_run_would_not_read_is_refused():
         build_overrides("upcycled-syn", {"upcycled": False, "upcycled-theta": 0.5})
     with pytest.raises(ConfigError, match=r"prox-mu = 0.1 is read only with strategy = 'fedprox'"):
         build_overrides("default", {"prox-mu": 0.1})
+
+
+def test_the_summary_records_the_data_dir_the_run_read(capsys, tmp_path, monkeypatch):
+    """With data-dir unset, the in-process summary recorded "" (the simulation one the resolved path): which
+    of $PRIVFED_DATA_DIR or ./data the run read was lost."""
+    monkeypatch.setenv("PRIVFED_DATA_DIR", str(tmp_path / "my-data"))
+    code, _, err = run(capsys, "run", "default", "--set", "num-rounds=1", "--set", 'run-name="d"',
+                       "--results-dir", str(tmp_path), "--quiet")
+    assert code == 0, err
+    summary = json.loads((tmp_path / "d" / "summary.json").read_text())
+    assert summary["config"]["data-dir"] == str(tmp_path / "my-data")
