@@ -114,14 +114,15 @@ def parse_seeds(text: str | None) -> list[int] | None:
     return seeds
 
 
-def build_overrides(preset: str, sets: Mapping[str, Any]) -> dict[str, Any]:
-    """Preset overrides with --set applied on top, validated (ConfigError names a bad key); the preset's keys
-    that the --set values make unread (its upcycled-theta with `upcycled=false`) are dropped."""
+def build_overrides(preset: str, sets: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Preset overrides with --set applied on top, validated (ConfigError names a bad key), and the preset's
+    keys that the --set values make unread (its upcycled-theta with `upcycled=false`), which are dropped."""
     from common.config import drop_unread, load_preset, validate
 
-    overrides = drop_unread(load_preset(resolve_preset(preset)), sets)
+    base = load_preset(resolve_preset(preset))
+    overrides = drop_unread(base, sets)
     validate(overrides)
-    return overrides
+    return overrides, sorted(set(base) - set(overrides))
 
 
 def absolute_paths(overrides: Mapping[str, Any]) -> dict[str, Any]:
@@ -332,7 +333,10 @@ def main(args: argparse.Namespace) -> int:
         sets = parse_sets(args.sets)
         if args.results_dir:
             sets["results-dir"] = args.results_dir
-        overrides = build_overrides(args.preset, sets)
+        overrides, dropped = build_overrides(args.preset, sets)
+        if dropped:
+            console.print(f"privfed run: dropped the preset's {', '.join(dropped)}, which this run does not read",
+                          markup=False)
         seeds = parse_seeds(args.seeds)
         engine_options(args)
         if args.workers < 1:

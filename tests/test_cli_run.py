@@ -114,8 +114,8 @@ def test_run_simulation_engine(capsys, tmp_path):
 def test_a_documented_preset_variant_drops_the_preset_keys_it_makes_unread(preset, sets):
     """The preset's secagg-min-survivors / upcycled-theta / dirichlet-alpha is not read once the --set
     values apply: refusing it (as a --set of it is refused) stopped the documented commands."""
-    overrides = build_overrides(preset, sets)
-    assert all(overrides[k] == v for k, v in sets.items())
+    overrides, dropped = build_overrides(preset, sets)
+    assert all(overrides[k] == v for k, v in sets.items()) and dropped and not set(dropped) & set(overrides)
 
 
 def test_a_set_key_the_run_would_not_read_is_refused():
@@ -134,3 +134,10 @@ def test_the_summary_records_the_data_dir_the_run_read(capsys, tmp_path, monkeyp
     assert code == 0, err
     summary = json.loads((tmp_path / "d" / "summary.json").read_text())
     assert summary["config"]["data-dir"] == str(tmp_path / "my-data")
+
+
+def test_run_says_which_preset_keys_it_dropped(capsys, tmp_path):
+    code, out, err = run(capsys, "run", "upcycled-syn", "--set", "upcycled=false", "--set", "num-rounds=1",
+                         "--results-dir", str(tmp_path), "--quiet")
+    assert code == 0, err
+    assert "dropped the preset's upcycled-theta, which this run does not read" in out
