@@ -217,6 +217,11 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> tuple[list[tu
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
 
+    def described(running: str = "") -> str:  # the bar counts runs ended; what did not end well, it says
+        said = ([running] if running else []) + ([f"{len(failed)} failed"] if failed else []) \
+            + ([f"{len(busy)} busy"] if busy else [])
+        return f"runs ({', '.join(said)})" if said else "runs"
+
     def finished(job: Job, result: tuple[str, float | None] | None, error: BaseException | None):
         if isinstance(error, RunFolderInUse):  # neither failed nor done here: the next invocation counts it
             busy.append(job)
@@ -230,13 +235,13 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> tuple[list[tu
         else:
             acc = _final_accuracy(Path(result[0]))
             progress.console.print(f"  done {job.label}: accuracy {acc}  ({result[1]:.1f} s)", highlight=False)
-        progress.advance(task)
+        progress.update(task, advance=1, description=described())
 
     with Progress(*columns, console=console, transient=False) as progress:
         task = progress.add_task("runs", total=total, completed=skipped)
         if jobs == 1:
             for job in todo:
-                progress.update(task, description=f"runs ({job.label})")
+                progress.update(task, description=described(job.label))
                 try:
                     result = run_job(job.overrides)
                 except Exception as e:  # noqa: BLE001 (a failed run is reported, the suite goes on)
@@ -245,7 +250,6 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> tuple[list[tu
                     finished(job, None, e)
                 else:
                     finished(job, result, None)
-            progress.update(task, description="runs")
             return failed, busy
         queue = list(todo)
         while queue:

@@ -486,7 +486,7 @@ def mean_difference(a: float, b: float) -> float:
 
 def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
     """Every cell's finished runs under `suite_dir` (a folder of one of the cell's seeds whose config is
-    the cell's: a seed dropped from the suite leaves the report, a `--seeds N` check keeps the others)."""
+    the cell's: a seed dropped from the suite leaves the mean, with a note; a `--seeds N` check keeps the others)."""
     metric = METRICS[suite.metric]
     out = []
     for cell in suite.cells:
@@ -497,7 +497,10 @@ def collect(suite: Suite, suite_dir: Path) -> list[CellResult]:
             if not run_dir.name[1:].isdigit():
                 continue
             seed = int(run_dir.name[1:])
-            if seed not in cell.seeds:
+            if seed not in cell.seeds:  # dropped from the suite, or made by an earlier `privfed repro --seeds N`
+                if (run_dir / "summary.json").is_file():
+                    res.notes.append(f"seed {seed}: a finished run, but not one of the suite's seeds now "
+                                     f"({', '.join(map(str, cell.seeds))}); not counted")
                 continue
             if not run_is_finished(run_dir, cell, seed):
                 if (run_dir / "summary.json").is_file():  # the cell was edited since: `privfed repro` redoes it

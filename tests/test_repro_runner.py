@@ -182,3 +182,36 @@ def test_a_suite_refuses_checkpointing_its_runs(tmp_path):
 
     with pytest.raises(ConfigError, match="checkpoint = true is for single runs"):
         load_suite(str(_suite(tmp_path, SUITE.replace("num-rounds = 2", "num-rounds = 2\ncheckpoint = true"))))
+
+
+def test_the_progress_bar_says_how_many_runs_failed(tmp_path, monkeypatch, capsys):
+    """The bar counts runs ended: with every run failed it read 'runs ... 2/2' like a suite done."""
+    def fails(overrides):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(repro_mod, "run_job", fails)
+    suite = _suite(tmp_path, SUITE.replace("seeds = [1]", "seeds = [1, 2]"))
+    code = main(["repro", str(suite), "--out", str(tmp_path / "out"), "--no-plots"])
+    out, _ = capsys.readouterr()
+    assert code == 1 and "runs (2 failed)" in out, out[-600:]
+
+
+def test_a_finished_seed_left_out_of_the_report_is_noted(tmp_path):
+    """`privfed repro --seeds 3` on a 1-seed suite, then `privfed repro` again: the snapshot is the suite's
+    seeds, and seeds 2 and 3 left the report silently (n = 1, no word of the other finished runs)."""
+    import json
+
+    from server.report import collect, expected_config, load_suite
+
+    suite = load_suite(str(_suite(tmp_path)))
+    cell = suite.cells[0]
+    for seed in (1, 3):
+        run = tmp_path / "out" / "rr" / cell.folder / f"s{seed}"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"config": expected_config(cell, seed), "rounds": 1,
+                                                      "planned_rounds": 1,
+                                                      "final": {"round": 1, "accuracy": 0.9, "loss": 0.3}}))
+        (run / "metrics.jsonl").write_text(json.dumps({"round": 1, "accuracy": 0.9, "loss": 0.3}) + "\n")
+    (res,) = collect(suite, tmp_path / "out" / "rr")
+    assert res.seeds == [1]
+    assert any(n.startswith("seed 3: a finished run, but not one of the suite's seeds now (1)") for n in res.notes)
