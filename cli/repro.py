@@ -19,6 +19,7 @@ thread); `--filter TEXT` runs only cells whose row or column contains TEXT;
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -26,7 +27,7 @@ import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -170,9 +171,16 @@ def main(args: argparse.Namespace) -> int:
     console.print(f"privfed repro: suite [bold]{suite.name}[/]: {len(cells)} cell(s), "
                   f"{len(todo) + len(done)} run(s): {len(done)} finished, {len(todo)} to run, {args.jobs} job(s); "
                   f"results in {suite_dir}")
-    failed, busy = _execute(todo, len(done), args.jobs, console)
+    outcome = Outcome()
+    try:
+        _execute(todo, len(done), args.jobs, console, outcome)
+    except KeyboardInterrupt:  # the time spent until then counts in the suite's wall time (the report's total)
+        with contextlib.suppress(OSError):
+            write_timing(suite_dir, time.perf_counter() - started, executed=outcome.executed, skipped=len(done),
+                         failed=len(outcome.failed), jobs=args.jobs, interrupted=True)
+        raise
+    failed, busy, executed = outcome.failed, outcome.busy, outcome.executed
     wall = time.perf_counter() - started
-    executed = len(todo) - len(failed) - len(busy)
     try:
         write_timing(suite_dir, wall, executed=executed, skipped=len(done), failed=len(failed), jobs=args.jobs)
         md, results = render_report(suite_dir, plots=not args.no_plots)
@@ -204,15 +212,22 @@ def _preflight(jobs: list[Job]) -> None:
             load_federation(config)
 
 
-def _execute(todo: list[Job], skipped: int, jobs: int, console) -> tuple[list[tuple[Job, str]], list[Job]]:
-    """Run `todo`: (the failed runs with why, the runs another command holds)."""
+@dataclass
+class Outcome:
+    """What an invocation's runs came to, so far (an interrupted one keeps what it did)."""
+    failed: list[tuple[Job, str]] = field(default_factory=list)  # with why
+    busy: list[Job] = field(default_factory=list)  # held by another command: reported, not counted as failed
+    executed: int = 0
+
+
+def _execute(todo: list[Job], skipped: int, jobs: int, console, outcome: Outcome) -> None:
+    """Run `todo`, recording each run's end in `outcome`."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
 
     from server.results import RunFolderInUse
 
-    failed: list[tuple[Job, str]] = []
-    busy: list[Job] = []  # held by another command: reported, not counted as failed
+    failed, busy = outcome.failed, outcome.busy
     total = len(todo) + skipped
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                TextColumn("eta"), TimeRemainingColumn())
@@ -233,6 +248,7 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> tuple[list[tu
         elif result[1] is None:
             progress.console.print(f"  done {job.label} by another command", highlight=False)
         else:
+            outcome.executed += 1
             acc = _final_accuracy(Path(result[0]))
             progress.console.print(f"  done {job.label}: accuracy {acc}  ({result[1]:.1f} s)", highlight=False)
         progress.update(task, advance=1, description=described())
@@ -250,14 +266,13 @@ def _execute(todo: list[Job], skipped: int, jobs: int, console) -> tuple[list[tu
                     finished(job, None, e)
                 else:
                     finished(job, result, None)
-            return failed, busy
+            return
         queue = list(todo)
         while queue:
             suspects, queue = _in_pool(queue, jobs, finished)
             for job in suspects:  # a worker died (out of memory?) under one of them: each alone finds which
                 if _in_pool([job], 1, finished)[0]:
                     finished(job, None, RuntimeError("its worker process died (killed, e.g. out of memory)"))
-    return failed, busy
 
 
 def _in_pool(todo: list[Job], workers: int, finished) -> tuple[list[Job], list[Job]]:

@@ -613,8 +613,10 @@ def render_markdown(suite: Suite, results: list[CellResult], plots: list[Path], 
     if timing:
         last, total = timing[-1], sum(t["wall_seconds"] for t in timing)
         executed = sum(t["executed"] for t in timing)
+        stopped = sum(1 for t in timing if t.get("interrupted"))
         lines.append(f"- suite wall time: {total:.1f} s over {len(timing)} `privfed repro` invocation(s) "
-                     f"({executed} runs executed in all); the last took {last['wall_seconds']:.1f} s: "
+                     f"({executed} runs executed in all{f'; {stopped} interrupted' if stopped else ''}); "
+                     f"the last took {last['wall_seconds']:.1f} s{' (interrupted)' if last.get('interrupted') else ''}: "
                      f"{last['executed']} runs executed, {last['skipped']} skipped, {last['failed']} failed, "
                      f"{last['jobs']} job(s)")
     lines.append(f"- sum of the finished runs' own wall times: {run_total:.1f} s")
@@ -733,12 +735,14 @@ def read_snapshot(suite_dir: Path) -> Suite:
     return Suite.from_json(json.loads((Path(suite_dir) / SNAPSHOT_FILE).read_text()))
 
 
-def write_timing(suite_dir: Path, wall_seconds: float, executed: int, skipped: int, failed: int, jobs: int) -> Path:
+def write_timing(suite_dir: Path, wall_seconds: float, executed: int, skipped: int, failed: int, jobs: int,
+                 interrupted: bool = False) -> Path:
     """Append this invocation's timing to timing.json (the report shows the last one and the total)."""
     path = Path(suite_dir) / TIMING_FILE
     history = read_timing(suite_dir)
     history.append({"wall_seconds": wall_seconds, "executed": executed, "skipped": skipped, "failed": failed,
-                    "jobs": jobs, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S")})
+                    "jobs": jobs, "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                    **({"interrupted": True} if interrupted else {})})
     text = json.dumps({"invocations": history}, indent=2) + "\n"
     write_atomically(path, lambda fh: fh.write(text.encode()))  # a full disk keeps the earlier history
     return path

@@ -215,3 +215,26 @@ def test_a_finished_seed_left_out_of_the_report_is_noted(tmp_path):
     (res,) = collect(suite, tmp_path / "out" / "rr")
     assert res.seeds == [1]
     assert any(n.startswith("seed 3: a finished run, but not one of the suite's seeds now (1)") for n in res.notes)
+
+
+def test_an_interrupted_invocation_counts_in_the_suite_wall_time(tmp_path, monkeypatch):
+    """Ctrl-C after one of two runs: timing.json got nothing, so the report's total wall time left out the
+    time of the run finished before it (a later invocation skips that run)."""
+    import json
+
+    calls = []
+
+    def one_then_ctrl_c(overrides):
+        calls.append(overrides["seed"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        run_dir = tmp_path / "fake" / str(overrides["seed"])
+        run_dir.mkdir(parents=True)
+        return str(run_dir), 0.1
+
+    monkeypatch.setattr(repro_mod, "run_job", one_then_ctrl_c)
+    suite = _suite(tmp_path, SUITE.replace("seeds = [1]", "seeds = [1, 2]"))
+    with pytest.raises(KeyboardInterrupt):
+        main(["repro", str(suite), "--out", str(tmp_path / "out"), "--no-plots"])
+    (timing,) = json.loads((tmp_path / "out" / "rr" / "timing.json").read_text())["invocations"]
+    assert timing["interrupted"] is True and timing["executed"] == 1 and timing["wall_seconds"] > 0
