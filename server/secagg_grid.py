@@ -483,6 +483,13 @@ class SecureAggregationGrid(DelegatingGrid):
         survivors = list(result.survivors)
         total_w = float(result.total_weight)
         count = len(survivors)
+        # each w_i <= enrolled n_i / scale (plaintext replies are screened so), each on the codec's grid
+        most = sum(self.num_examples.get(s, 0) for s in survivors) / self.weight_scale \
+            + count * 2.0 ** -self.params.codec.frac_bits
+        if total_w > most:  # only the sum is seen: some survivor weighed itself up (a pull on the mean)
+            self.log(f"secure aggregation round {result.round}: total weight {total_w:.6g} is more than the "
+                     f"survivors enrolled with ({most:.6g}); the model stays unchanged")
+            return []
         values = result.weighted_sum
         records: dict[str, ArrayRecord] = {}
         offset = 0

@@ -367,3 +367,30 @@ def test_a_node_excluded_for_the_run_is_no_longer_sampled(tmp_path):
     assert rows[0]["secagg_survivors"] == 0  # round 1 aborted on the unusable update
     assert [r["clients"] for r in rows[1:]] == [3] * 5
     assert "is no longer selected" in printed.getvalue()
+
+
+def test_a_survivor_claiming_more_examples_than_it_enrolled_with_leaves_the_model_unchanged(monkeypatch):
+    """Plaintext replies with num-examples above the enrolled count are dropped (server/replies.py); under
+    secure aggregation the weight is inside the masked vector and was never checked: one node claiming 3x
+    its examples pulled the decoded mean towards its own update. The decoded total weight is the check."""
+    import client.secagg as client_secagg
+
+    honest = client_secagg.encode_reply
+    claimed = []
+
+    def inflated(reply, instruction, unit_records, weight_scale):
+        vector, w, metrics, layout = honest(reply, instruction, unit_records, weight_scale)
+        if not claimed:  # the first node to encode, once
+            claimed.append(w)
+            scale = 3.0  # within the codec's clip bound, which would refuse 100x
+            return vector * scale, w * scale, metrics, layout  # w * u and w: both scaled, as a liar would
+        return vector, w, metrics, layout
+
+    monkeypatch.setattr(client_secagg, "encode_reply", inflated)
+    config = validate({**BASE, "num-rounds": 1, "secure-aggregation": True})
+    logs = []
+    with InProcessGrid(CLIENT_APP, dict(config), 4) as grid:
+        secure = SecureAggregationGrid(grid, config, log=logs.append)
+        secure.enroll(10.0)
+        replies, _ = train_round(secure, grid.get_node_ids(), model_to_arrays(initial_model(config)), 1)
+    assert claimed and replies == [] and any("more than the survivors enrolled with" in line for line in logs), logs

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import numpy as np
@@ -55,6 +55,34 @@ def _ids(values: Any, name: str) -> tuple[int, ...]:
     if len(set(ids)) != len(ids):
         raise ValueError(f"{name} contains duplicate node ids")
     return ids
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+_FIELD_KINDS: dict[str, tuple[str, Any]] = {  # each message field: (what it must be, the check)
+    **{name: ("an int", _is_int) for name in ("run_id", "round", "node_id")},
+    **{name: ("bytes", lambda v: isinstance(v, bytes))
+       for name in ("public_key", "server_public_key", "context", "tag")},
+    **{name: ("a tuple of ints", lambda v: isinstance(v, tuple) and all(map(_is_int, v)))
+       for name in ("selected", "survivors", "dropped")},
+    "public_keys": ("a mapping of ints to bytes",
+                    lambda v: isinstance(v, Mapping) and all(_is_int(k) and isinstance(b, bytes) for k, b in v.items())),
+    "metric_keys": ("a tuple of str", lambda v: isinstance(v, tuple) and all(isinstance(k, str) for k in v)),
+    "layout": ("a str", lambda v: isinstance(v, str)),
+    **{name: ("a numpy array", lambda v: isinstance(v, np.ndarray)) for name in ("masked", "masks")},
+}
+
+
+def field_problem(msg: Any) -> str | None:
+    """Which field of a message has the wrong type (a hand-built or hostile one; `from_dict` converts):
+    checked before anything reads it, so that it is a MalformedMessageError, not a TypeError deep inside."""
+    for f in fields(msg):
+        what, ok = _FIELD_KINDS[f.name]
+        if not ok(getattr(msg, f.name)):
+            return f"{type(msg).__name__}.{f.name} must be {what}, got {type(getattr(msg, f.name)).__name__}"
+    return None
 
 
 def ids_array(ids: tuple[int, ...]) -> np.ndarray:

@@ -139,6 +139,7 @@ from .messages import (
     RevealRequest,
     RoundAnnouncement,
     _ids,
+    field_problem,
     round_context,
 )
 from .prf import MaskGenerator
@@ -211,6 +212,14 @@ class Phase(enum.Enum):
     ABORTED = "aborted"  # cannot be decoded; model must stay unchanged
 
 
+def _check_message(msg: Any, kind: type) -> None:
+    """MalformedMessageError unless `msg` is a `kind` whose fields have their types."""
+    if not isinstance(msg, kind):
+        raise MalformedMessageError(f"expected {kind.__name__}, got {type(msg).__name__}")
+    if problem := field_problem(msg):
+        raise MalformedMessageError(problem)
+
+
 def _check_weight(weight: Any) -> float:
     try:
         w = float(weight)
@@ -255,6 +264,7 @@ class SecAggClient:
         self._round_selected: tuple[int, ...] = ()
         self._round_length = 0
         self._round_announcement = b""  # the digest the round's masks are bound to (prf.round_key)
+        self._round_keys: dict[int, bytes] = {}  # the selected peers' public keys the round was masked with
         self._revealed: tuple[tuple[int, ...], tuple[int, ...]] | None = None
         self._gen: MaskGenerator | None = None
 
@@ -289,8 +299,7 @@ class SecAggClient:
         Idempotent; a later directory (new nodes, a re-keyed node) updates the
         seeds of changed peers and forgets nodes no longer listed.
         """
-        if not isinstance(directory, Directory):
-            raise MalformedMessageError(f"expected a Directory, got {type(directory).__name__}")
+        _check_message(directory, Directory)
         if directory.run_id != self.run_id:
             raise WrongRunError(f"directory is for run {directory.run_id}, this is run {self.run_id}")
         mine = directory.public_keys.get(self.node_id)
@@ -318,10 +327,13 @@ class SecAggClient:
                     seeds[peer] = pair_seed(self._kp, pk, self.run_id, self.node_id, peer)
                 except ValueError as exc:  # low-order / invalid point
                     raise MalformedMessageError(f"public key of node {peer} is invalid: {exc}") from None
-        if server_pk != self._server_pk or self._mac_key is None:
-            self._mac_key = server_mac_key(
-                self._kp, server_pk, self.run_id, self.node_id, self.public_key, server_pk
-            )
+        mac_key = self._mac_key
+        if server_pk != self._server_pk or mac_key is None:
+            try:
+                mac_key = server_mac_key(self._kp, server_pk, self.run_id, self.node_id, self.public_key, server_pk)
+            except ValueError as exc:  # low-order / invalid point
+                raise MalformedMessageError(f"the server's public key is invalid: {exc}") from None
+        self._mac_key = mac_key
         self._server_pk = server_pk
         self._peer_keys = keys
         self._seeds = seeds
@@ -439,6 +451,7 @@ class SecAggClient:
         self._round_selected = sel
         self._round_length = length
         self._round_announcement = bytes(announcement)
+        self._round_keys = {j: self._peer_keys[j] for j in peers}
         self._revealed = None
         return dataclasses.replace(msg, tag=tag)
 
@@ -450,8 +463,7 @@ class SecAggClient:
         that round's selected set, this node declared dropped, too few
         survivors, or a second, different request in the same round.
         """
-        if not isinstance(request, RevealRequest):
-            raise MalformedMessageError(f"expected a RevealRequest, got {type(request).__name__}")
+        _check_message(request, RevealRequest)
         if request.run_id != self.run_id:
             raise RefusedError(f"reveal request for run {request.run_id}, this is run {self.run_id}")
         if self._last_round is None or request.round != self._last_round:
@@ -482,13 +494,23 @@ class SecAggClient:
                 f"{len(survivors)} survivors, fewer than min_survivors={self.params.min_survivors}"
             )
         masks = pairwise_mask_sum(
-            self.node_id, self._seeds, dropped, request.round, self._round_length,
+            self.node_id, {d: self._round_seed(d) for d in dropped}, dropped, request.round, self._round_length,
             self.params.codec.mod_bits, generator=self._generator(), context=self._round_announcement,
         )
         msg = MaskReveal(self.run_id, request.round, self.node_id, dropped, masks, b"")
         tag = compute_tag(self._mac_key, KIND_REVEAL, request.round, msg.header_bytes(), masks)
         self._revealed = (survivors, dropped)
         return dataclasses.replace(msg, tag=tag)
+
+    def _round_seed(self, peer: int) -> bytes:
+        """The seed the latest round was masked with: a directory since may have re-keyed or forgotten
+        `peer`, and masks from its new seed would not cancel (the server would decode garbage)."""
+        key = self._round_keys.get(peer)
+        if key is None:  # only a state saved before privfed kept the round's keys, with the peer since forgotten
+            raise RefusedError(f"node {peer}'s key of round {self._last_round} is unknown: its masks cannot be rebuilt")
+        if self._peer_keys.get(peer) == key:
+            return self._seeds[peer]
+        return pair_seed(self._kp, key, self.run_id, self.node_id, peer)  # derived from it before: valid
 
     # -- persistence (the node's own storage, e.g. Flower context.state) -----
     def state_dict(self) -> dict[str, Any]:
@@ -506,6 +528,7 @@ class SecAggClient:
             "round_selected": np.array(self._round_selected, dtype=np.uint64),
             "round_length": self._round_length,
             "round_announcement": self._round_announcement,
+            "round_keys": b"".join(self._round_keys[j] for j in sorted(self._round_keys)),
             "revealed": self._revealed is not None,
             "revealed_survivors": np.array(self._revealed[0] if self._revealed else (), dtype=np.uint64),
             "revealed_dropped": np.array(self._revealed[1] if self._revealed else (), dtype=np.uint64),
@@ -532,6 +555,10 @@ class SecAggClient:
             c._round_selected = tuple(int(i) for i in np.asarray(state["round_selected"], dtype=np.uint64))
             c._round_length = int(state["round_length"])
             c._round_announcement = bytes(state.get("round_announcement", b""))
+            peers = [j for j in c._round_selected if j != c.node_id]
+            raw = bytes(state.get("round_keys", b""))  # absent before privfed kept them: the directory's
+            c._round_keys = ({j: raw[32 * k: 32 * (k + 1)] for k, j in enumerate(peers)}
+                             if len(raw) == 32 * len(peers) else {j: c._peer_keys[j] for j in peers if j in c._peer_keys})
             if bool(state["revealed"]):
                 c._revealed = (
                     tuple(int(i) for i in np.asarray(state["revealed_survivors"], dtype=np.uint64)),
@@ -587,8 +614,7 @@ class SecAggServer:
 
     def enroll(self, request: EnrollRequest) -> None:
         """Record a client's public key (a re-enrollment replaces it)."""
-        if not isinstance(request, EnrollRequest):
-            raise MalformedMessageError(f"expected an EnrollRequest, got {type(request).__name__}")
+        _check_message(request, EnrollRequest)
         if request.run_id != self.run_id:
             raise WrongRunError(f"enroll request for run {request.run_id}, this is run {self.run_id}")
         node = check_u64("node_id", request.node_id)
@@ -677,8 +703,7 @@ class SecAggServer:
         names or length) raises MalformedMessageError and aborts the round
         (`refuse`): its sender's masks must never be revealed.
         """
-        if not isinstance(msg, MaskedUpdate):
-            raise MalformedMessageError(f"expected a MaskedUpdate, got {type(msg).__name__}")
+        _check_message(msg, MaskedUpdate)
         r = self._current(msg.run_id, msg.round, f"masked update from node {msg.node_id}")
         node = msg.node_id
         if node not in r.selected:
@@ -778,8 +803,7 @@ class SecAggServer:
 
         Raises the same ProtocolError family as `receive`.
         """
-        if not isinstance(msg, MaskReveal):
-            raise MalformedMessageError(f"expected a MaskReveal, got {type(msg).__name__}")
+        _check_message(msg, MaskReveal)
         r = self._current(msg.run_id, msg.round, f"mask reveal from node {msg.node_id}")
         node = msg.node_id
         if node in r.dropped:
