@@ -32,6 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from arguments import positive_int, positive_list  # noqa: E402  (this folder: the benchmarks' own)
+
 from flwr.app import Array, ArrayRecord  # noqa: E402
 
 from common.checkpoint_file import save_checkpoint  # noqa: E402
@@ -123,11 +125,11 @@ def bench(folder: Path, clients: int, sizes: list[int], repeat: int) -> dict[int
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", default="10,100,1000", help="rounds R after which a save is measured")
-    parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--repeat", type=int, default=5, help="saves per figure (median)")
+    parser.add_argument("--rounds", type=positive_list(int), default="10,100,1000", help="rounds R after which a save is measured")
+    parser.add_argument("--clients", type=positive_int, default=100)
+    parser.add_argument("--repeat", type=positive_int, default=5, help="saves per figure (median)")
     args = parser.parse_args(argv)
-    sizes = sorted(int(x) for x in args.rounds.split(","))
+    sizes = sorted(set(args.rounds))
     result: dict = {"benchmark": "checkpoint_growth", "clients": args.clients}
 
     print(f"one checkpoint save at {args.clients} clients after R rounds (one DP-SGD entry per client per round, "
@@ -145,8 +147,12 @@ def main(argv: list[str] | None = None) -> int:
                                  "ratio_ms": round(ratio_ms, 1), "ours_bytes": round(f["ours_bytes"]),
                                  "reference_bytes": round(f["reference_bytes"]), "ratio_bytes": round(ratio_bytes, 1)}
     last, first = figures[sizes[-1]], figures[sizes[0]]
-    # the reference writes a whole checkpoint per save, growing linearly: about T x its mean size over a run
-    reference_total = sizes[-1] * (first["reference_bytes"] + last["reference_bytes"]) / 2
+    # the reference writes a whole checkpoint per save, growing linearly in R: the run's T saves write
+    # T x (save 1 + save T) / 2, with save 1 extrapolated back from the first size measured
+    growth = ((last["reference_bytes"] - first["reference_bytes"]) / (sizes[-1] - sizes[0])
+              if len(sizes) > 1 else 0.0)
+    reference_first = first["reference_bytes"] - growth * (sizes[0] - 1)
+    reference_total = sizes[-1] * (reference_first + last["reference_bytes"]) / 2
     print(f"    bytes written by the {sizes[-1]} saves of a run: ours {last['ours_total_bytes'] / 1e6:.1f} MB "
           f"(measured), reference ~{reference_total / 1e6:.0f} MB (O(T^2)); {time.perf_counter() - t0:.0f} s")
     result["run_total_bytes"] = {"rounds": sizes[-1], "ours": round(last["ours_total_bytes"]),

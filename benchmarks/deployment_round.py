@@ -32,6 +32,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from arguments import at_least, positive_int  # noqa: E402  (this folder: the benchmarks' own)
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -53,9 +55,9 @@ def free_ports(n: int) -> list[int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--nodes", type=int, default=3)
-    ap.add_argument("--rounds", type=int, default=6)
-    ap.add_argument("--repeats", type=int, default=1, help="runs per mode (alternating)")
+    ap.add_argument("--nodes", type=positive_int, default=3)
+    ap.add_argument("--rounds", type=at_least(2), default=6)
+    ap.add_argument("--repeats", type=positive_int, default=1, help="runs per mode (alternating)")
     ap.add_argument("--poll", type=float, default=0.1, help="the wrapper's poll interval (s)")
     ap.add_argument("--run-config", default="", help="extra run-config entries, e.g. 'local-epochs=1'")
     args = ap.parse_args()

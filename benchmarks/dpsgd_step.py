@@ -17,7 +17,6 @@ Ends with one JSON line of every figure.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -25,6 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from arguments import at_least, positive_int  # noqa: E402  (this folder: the benchmarks' own)
 
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
@@ -91,13 +92,6 @@ def bench_steps(models: list[str], steps: int, warmup: int) -> list[dict]:
     return rows
 
 
-def _clear_accounting_caches() -> None:
-    """The accountants memoise epsilons and RDP curves; a repeat would time a cache hit."""
-    for obj in vars(accounting).values():
-        if isinstance(obj, functools._lru_cache_wrapper):
-            obj.cache_clear()
-
-
 def bench_accounting(repeats: int = 3) -> list[dict]:
     q, sigma, delta = 256 / 10000, 1.0, 1e-5
     ledger = PrivacyLedger([dpsgd_steps(q, sigma, 200, round=r) for r in range(1, 16)])
@@ -111,7 +105,7 @@ def bench_accounting(repeats: int = 3) -> list[dict]:
         kwargs = {"conversion": conversion} if conversion else {}
         times, eps = [], None
         for _ in range(repeats):
-            _clear_accounting_caches()
+            accounting.clear_caches()  # a repeat would time a cache hit
             t0 = time.perf_counter()
             eps = ledger.epsilon(delta, name, **kwargs)
             times.append(time.perf_counter() - t0)
@@ -126,9 +120,9 @@ def bench_accounting(repeats: int = 3) -> list[dict]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=5, help="timed steps per configuration (median reported)")
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    p.add_argument("--steps", type=positive_int, default=5, help="timed steps per configuration (median reported)")
+    p.add_argument("--warmup", type=at_least(0), default=2)
+    p.add_argument("--threads", type=at_least(0), default=0, help="torch threads (default: torch's choice)")
     p.add_argument("--models", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--skip-steps", action="store_true", help="only the accounting benchmark")
     args = p.parse_args(argv)

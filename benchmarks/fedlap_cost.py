@@ -30,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from arguments import at_least, positive_int  # noqa: E402  (this folder: the benchmarks' own)
+
 import torch  # noqa: E402
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
@@ -61,11 +63,11 @@ def main() -> None:
     ap.add_argument("--preset", default="fedlap-quick")
     ap.add_argument("--model", default=None, help="override the preset's model (convnet, convnet-w32)")
     ap.add_argument("--set", action="append", default=[], help="key=value run-config override")
-    ap.add_argument("--repeats", type=int, default=1)
-    ap.add_argument("--fedavg-epochs", type=int, default=1)
-    ap.add_argument("--partition", type=int, default=0)
+    ap.add_argument("--repeats", type=positive_int, default=1)
+    ap.add_argument("--fedavg-epochs", type=positive_int, default=1)
+    ap.add_argument("--partition", type=at_least(0), default=0)
     ap.add_argument("--data-dir", default="")
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--threads", type=positive_int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
 

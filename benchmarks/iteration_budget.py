@@ -25,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from arguments import positive_list  # noqa: E402  (this folder: the benchmarks' own)
+
 from common.privacy import accounting  # noqa: E402
 
 Q, SIGMA, DELTA = 0.015, 1.1, 1e-5
@@ -48,8 +50,7 @@ def doubling_then_bisection(eps, target: float) -> int:
 
 def timed(search) -> tuple[int, float]:
     """(R_c, seconds) from cold accountant caches."""
-    accounting._pld_epsilon.cache_clear()
-    accounting._step_rdp.cache_clear()
+    accounting.clear_caches()
     t0 = time.perf_counter()
     rc = search()
     return rc, time.perf_counter() - t0
@@ -80,9 +81,9 @@ def reference_eps(probes: list[int]):
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epsilons", default="1.55,2,2.75,4")
+    parser.add_argument("--epsilons", type=positive_list(float), default="1.55,2,2.75,4")
     args = parser.parse_args(argv)
-    targets = [float(e) for e in args.epsilons.split(",")]
+    targets = args.epsilons
 
     accounting.dpsgd_epsilon(Q, SIGMA, 1, DELTA, accountant="pld")  # warm-up: first-use imports
     rows = []

@@ -30,6 +30,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from arguments import positive_int, positive_list  # noqa: E402  (this folder: the benchmarks' own)
+
 from client.privacy import charge  # noqa: E402
 from common.privacy import accounting  # noqa: E402
 from common.privacy import ledger as ledger_mod  # noqa: E402
@@ -141,13 +143,13 @@ def bench_mirror(clients: int, rounds: int, repeat: int) -> dict[str, float]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="100,1000,3000", help="ledger sizes N for (a)")
-    parser.add_argument("--charges", type=int, default=5, help="charges timed per size (median)")
-    parser.add_argument("--clients", type=int, default=100)
-    parser.add_argument("--rounds", type=int, default=1000)
-    parser.add_argument("--repeat", type=int, default=3, help="rounds timed for (b) (median)")
+    parser.add_argument("--sizes", type=positive_list(int), default="100,1000,3000", help="ledger sizes N for (a)")
+    parser.add_argument("--charges", type=positive_int, default=5, help="charges timed per size (median)")
+    parser.add_argument("--clients", type=positive_int, default=100)
+    parser.add_argument("--rounds", type=positive_int, default=1000)
+    parser.add_argument("--repeat", type=positive_int, default=3, help="rounds timed for (b) (median)")
     args = parser.parse_args()
-    sizes = [int(x) for x in args.sizes.split(",")]
+    sizes = args.sizes
     result: dict = {"benchmark": "ledger_growth"}
 
     print(f"(a) one charge on a file ledger of N DP-SGD entries (lock, reload, budget check, record; "

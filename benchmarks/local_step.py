@@ -29,6 +29,8 @@ from unittest import mock
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from arguments import positive_int  # noqa: E402  (this folder: the benchmarks' own)
+
 import torch  # noqa: E402
 
 import client.updates.batch_gradient as bg  # noqa: E402
@@ -76,8 +78,8 @@ def measure(loop: str, epochs: int, repeat: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--epochs", type=int, default=10)
-    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--epochs", type=positive_int, default=10)
+    parser.add_argument("--repeat", type=positive_int, default=5)
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     print(f"logreg-softmax {FEATURES}x{CLASSES}, batch {BATCH}, {EXAMPLES} examples x {args.epochs} epochs, "

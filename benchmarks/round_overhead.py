@@ -40,6 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from arguments import at_least, positive_int  # noqa: E402  (this folder: the benchmarks' own)
+
 import server.inprocess_grid as inprocess_grid  # noqa: E402
 from common.config import validate  # noqa: E402
 from server.flower_run import run_with_flower  # noqa: E402
@@ -98,8 +100,8 @@ def steady(values: list[float]) -> float:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--clients", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--clients", type=positive_int, default=10)
+    parser.add_argument("--rounds", type=at_least(2), default=20)
     parser.add_argument("--skip-simulation", action="store_true", help="in-process only (no ratio)")
     args = parser.parse_args()
     config = bench_config(args.clients, args.rounds)

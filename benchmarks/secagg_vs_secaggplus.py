@@ -61,6 +61,8 @@ from pathlib import Path
 
 import numpy as np
 
+from arguments import at_least, positive_int  # noqa: E402  (this folder: the benchmarks' own)
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -333,9 +335,9 @@ def summarize(mode: str, dim: int, out_dir: Path, clients: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dims", type=int, nargs="+", default=[10_000, 1_000_000])
-    p.add_argument("--rounds", type=int, default=6, help="rounds per run (round 1 is not timed)")
-    p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--dims", type=positive_int, nargs="+", default=[10_000, 1_000_000])
+    p.add_argument("--rounds", type=at_least(2), default=6, help="rounds per run (round 1 is not timed)")
+    p.add_argument("--clients", type=at_least(2), default=10)
     p.add_argument("--shares", type=int, default=10, help="SecAgg+ num_shares (10 of 10 clients: full mesh)")
     p.add_argument("--threshold", type=int, default=6, help="SecAgg+ reconstruction_threshold")
     p.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)

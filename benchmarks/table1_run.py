@@ -43,6 +43,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from arguments import positive_int  # noqa: E402  (this folder: the benchmarks' own)
 REFERENCE_S = 24.0  # the authors' implementation, measured outside this repo (see the docstring)
 
 
@@ -137,21 +139,26 @@ def run_simulation_engine(rounds: int, tmp: Path) -> dict:
             "peak_pss_mib": peak["pss"], "accuracy": summary["final"]["accuracy"]}
 
 
+ENGINES = ("inprocess", "simulation")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--engines", default="inprocess,simulation", help="comma-separated: inprocess, simulation")
-    parser.add_argument("--rounds", type=int, default=80)
-    parser.add_argument("--repeat", type=int, default=1, help="in-process runs (the median is reported)")
+    parser.add_argument("--rounds", type=positive_int, default=80)
+    parser.add_argument("--repeat", type=positive_int, default=1, help="in-process runs (the median is reported)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    if not engines or set(engines) - set(ENGINES):
+        parser.error(f"--engines: comma-separated {', '.join(ENGINES)}; got {args.engines!r}")
     if args.child:
         child_inprocess(args.rounds, Path(args.out), started=time.perf_counter() - _since_start())
         return 0
     if not (data_dir() / "fedprox-synthetic" / "syn_0.5_0.5.npz").is_file():
         print(f"needs {data_dir() / 'fedprox-synthetic' / 'syn_0.5_0.5.npz'} (set PRIVFED_DATA_DIR)", file=sys.stderr)
         return 2
-    engines = [e.strip() for e in args.engines.split(",") if e.strip()]
     print(f"Table-1 style run: FedAvg, released Syn(0.5,0.5), 30 clients, 9 per round, E = 10, B = 32, "
           f"{args.rounds} rounds; {os.cpu_count()} CPUs")
     result: dict = {"benchmark": "table1_run", "rounds": args.rounds, "reference_authors_s": REFERENCE_S}

@@ -36,6 +36,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+
+from arguments import positive_int  # noqa: E402  (this folder: the benchmarks' own)
 PAPER_TABLE5_RATIO = 86.44 / 147.50  # Upc-FedAvg / FedAvg training time, output perturbation, Syn(iid)
 
 SETTINGS = {
@@ -111,8 +113,8 @@ def one_run(setting: str, upcycled: bool, rounds: int, strategy: str, out: Path,
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--setting", choices=sorted(SETTINGS), default="table1")
-    ap.add_argument("--rounds", type=int, default=80)
-    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--rounds", type=positive_int, default=80)
+    ap.add_argument("--repeat", type=positive_int, default=1)
     ap.add_argument("--strategy", default="fedavg")
     args = ap.parse_args(argv)
     import torch

@@ -144,6 +144,12 @@ def _rdp_of(event: dpa.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
     return _leaf_rdp(event, orders)
 
 
+def clear_caches() -> None:
+    """Forget every memoised RDP curve and epsilon (a benchmark times cold calls)."""
+    for memo in (_leaf_rdp, _rdp_epsilon, _pld_epsilon, _step_rdp):
+        memo.cache_clear()
+
+
 @functools.lru_cache(maxsize=1024)
 def _leaf_rdp(event: dpa.DpEvent, orders: tuple[float, ...]) -> np.ndarray:
     accountant = rdp_privacy_accountant.RdpAccountant(list(orders))
