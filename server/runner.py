@@ -302,8 +302,9 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
             row["evaluated"] = evaluated
         if grid_for_strategy is not metered and metered.messages_down:  # count clients, not protocol messages
             report = grid_for_strategy.report
+            used = len(report.survivors) if aggregated is not None else 0  # an aborted or unusable sum: none
             row.update(clients=len(report.selected), secagg_survivors=len(report.survivors),
-                       secagg_round_trips=report.round_trips, failed=len(report.selected) - len(report.survivors))
+                       secagg_round_trips=report.round_trips, failed=len(report.selected) - used)
         writer.add_round(row)
         spent = f"  epsilon {spent_text(row, 3)} (delta {row['delta']:g}, {row['accountant']})" \
             if "epsilon_max" in row else ""

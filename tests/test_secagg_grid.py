@@ -394,3 +394,21 @@ def test_a_survivor_claiming_more_examples_than_it_enrolled_with_leaves_the_mode
         secure.enroll(10.0)
         replies, _ = train_round(secure, grid.get_node_ids(), model_to_arrays(initial_model(config)), 1)
     assert claimed and replies == [] and any("more than the survivors enrolled with" in line for line in logs), logs
+
+
+def test_a_round_whose_decoded_sum_is_unusable_counts_every_reply_failed(tmp_path, monkeypatch):
+    """Under secure aggregation a row's `failed` was selected - survivors: a round whose decoded sum is
+    refused (here a survivor weighed itself up) used no reply, yet counted 0 failed."""
+    import client.secagg as client_secagg
+
+    honest = client_secagg.encode_reply
+
+    def inflated_in_round_1(reply, instruction, unit_records, weight_scale):
+        vector, w, metrics, layout = honest(reply, instruction, unit_records, weight_scale)
+        if int(instruction["config"]["server-round"]) == 1:
+            return vector * 3.0, w * 3.0, metrics, layout
+        return vector, w, metrics, layout
+
+    monkeypatch.setattr(client_secagg, "encode_reply", inflated_in_round_1)
+    _, rows, _, _ = run(tmp_path, "w", **{"num-rounds": 2, "secure-aggregation": True})
+    assert [(r["clients"], r["failed"]) for r in rows] == [(4, 4), (4, 0)], rows
