@@ -199,17 +199,23 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _preflight(jobs: list[Job]) -> None:
-    """Load each distinct dataset once now: a missing file is one clear error before any run."""
+    """Load each distinct dataset once now: a missing file is one clear error before any run, naming the
+    cells that need it."""
     from common.config import validate
     from common.data import load_federation
+    from common.data.errors import DataFileError
 
-    seen = set()
+    by_data: dict[tuple, tuple[Any, set[str]]] = {}  # (dataset, data-dir) -> (a config reading it, its cells)
     for job in jobs:
         config = validate(job.overrides)
-        key = (config["dataset"], config["data-dir"])
-        if key not in seen:
-            seen.add(key)
+        by_data.setdefault((config["dataset"], config["data-dir"]), (config, set()))[1].add(job.cell.label)
+    for config, labels in by_data.values():
+        try:
             load_federation(config)
+        except DataFileError as err:
+            cells = sorted(labels)
+            named = ", ".join(cells[:3]) + (f" and {len(cells) - 3} more" if len(cells) > 3 else "")
+            raise DataFileError(f"cell(s) {named} (--filter runs the others): {err}") from err
 
 
 @dataclass

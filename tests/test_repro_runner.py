@@ -238,3 +238,14 @@ def test_an_interrupted_invocation_counts_in_the_suite_wall_time(tmp_path, monke
         main(["repro", str(suite), "--out", str(tmp_path / "out"), "--no-plots"])
     (timing,) = json.loads((tmp_path / "out" / "rr" / "timing.json").read_text())["invocations"]
     assert timing["interrupted"] is True and timing["executed"] == 1 and timing["wall_seconds"] > 0
+
+
+def test_a_missing_data_file_names_the_cells_that_need_it(tmp_path, monkeypatch, capsys):
+    """One missing file refuses the suite before any run (a clear error); it now says which cells need it,
+    so that --filter can run the others."""
+    monkeypatch.setenv("PRIVFED_DATA_DIR", str(tmp_path / "no-data"))
+    suite = _suite(tmp_path, SUITE.replace("overrides = { synthetic-alpha = 0.0, synthetic-beta = 0.0 }",
+                                           'overrides = { dataset = "syn-iid", num-clients = 30 }'))
+    code = main(["repro", str(suite), "--out", str(tmp_path / "out"), "--no-plots"])
+    _, err = capsys.readouterr()
+    assert code == 2 and "cell(s) FedAvg / Syn (--filter runs the others)" in err and "syn_iid.npz" in err, err
