@@ -667,7 +667,8 @@ def plot_curves(suite: Suite, results: list[CellResult], out_dir: Path) -> list[
             measured = ~np.all(np.isnan(arr), axis=0)  # eval-every > 1: only the evaluated rounds
             arr, x = arr[:, measured], np.arange(1, length + 1)[measured]
             mean, std = np.nanmean(arr, axis=0), np.nanstd(arr, axis=0)
-            ax.plot(x, mean, label=f"{r.cell.row} (n={len(r.curves)})", marker="." if len(x) < 40 else None)
+            cut = f", cut at round {length}: its shortest seed" if any(len(c) > length for c in r.curves) else ""
+            ax.plot(x, mean, label=f"{r.cell.row} (n={len(r.curves)}{cut})", marker="." if len(x) < 40 else None)
             ax.fill_between(x, mean - std, mean + std, alpha=0.2)
             drawn = True
         if not drawn:

@@ -289,3 +289,19 @@ def test_report_notes_a_seed_whose_run_ended_before_its_planned_rounds(tmp_path)
                                           2: ({"rounds": 2, "planned_rounds": 2}, rows)})
     md, _ = render_report(out, suite, plots=False)
     assert "seed 1: ended after round 1 of 2" in md.read_text().split("## Notes")[1]
+
+
+def test_a_curve_cut_to_its_shortest_seed_says_so(monkeypatch, tmp_path):
+    """Seed 1 ended after round 1 of 2: the cell's curve stops at round 1, and its legend says why."""
+    import matplotlib
+    import matplotlib.figure
+
+    rows = [{"round": r, "accuracy": 0.5, "loss": 1.0} for r in (1, 2)]
+    out, suite = one_cell_runs(tmp_path, {1: ({"rounds": 1, "planned_rounds": 2}, rows[:1]),
+                                          2: ({"rounds": 2, "planned_rounds": 2}, rows)})
+    matplotlib.use("Agg")
+    labels = []
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", lambda fig, *a, **k: labels.extend(
+        line.get_label() for ax in fig.axes for line in ax.get_lines()))
+    render_report(out, suite, plots=True)
+    assert any("cut at round 1: its shortest seed" in label for label in labels), labels
