@@ -19,22 +19,15 @@ from common.secagg import (
     ProtocolError,
     SecAggClient,
     SecAggParams,
-    SecAggServer,
 )
+from tests.test_secagg_protocol import enrolled
 
 RUN = 77
 PARAMS = SecAggParams(CodecParams(), min_survivors=2)
 
 
-def federation(ids=(1, 2, 3, 4)):
-    server = SecAggServer(RUN, PARAMS)
-    clients = {i: SecAggClient(RUN, i, PARAMS) for i in ids}
-    for c in clients.values():
-        server.enroll(c.enroll_request())
-    directory = server.directory()
-    for c in clients.values():
-        c.on_directory(directory)
-    return server, clients, directory
+def federation():
+    return enrolled((1, 2, 3, 4), PARAMS, RUN)
 
 
 def test_invalid_server_public_key_in_directory_is_a_protocol_error():

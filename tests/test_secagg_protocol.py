@@ -43,11 +43,8 @@ PARAMS = {
 }
 
 
-def federation(n=10, params=None, run=RUN, seed=0):
-    """An enrolled server and n clients with random 64-bit node ids."""
-    params = params or PARAMS["default64"]
-    rng = np.random.default_rng(seed)
-    ids = sorted({int(x) for x in rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)})
+def enrolled(ids, params, run=RUN):
+    """A server and clients `ids`, enrolled: (server, {id: client}, the directory relayed)."""
     server = SecAggServer(run, params)
     clients = {i: SecAggClient(run, i, params) for i in ids}
     for c in clients.values():
@@ -55,7 +52,14 @@ def federation(n=10, params=None, run=RUN, seed=0):
     directory = server.directory()
     for c in clients.values():
         c.on_directory(directory)
-    return server, clients
+    return server, clients, directory
+
+
+def federation(n=10, params=None, run=RUN, seed=0):
+    """An enrolled server and n clients with random 64-bit node ids."""
+    rng = np.random.default_rng(seed)
+    ids = sorted({int(x) for x in rng.integers(0, 2**64 - 1, n, dtype=np.uint64, endpoint=True)})
+    return enrolled(ids, params or PARAMS["default64"], run)[:2]
 
 
 def make_updates(clients, d, rng, scale=1.0):
