@@ -14,9 +14,10 @@ from client.resume import LINEAGE, resumable, snapshot_folder
 from client.secagg import SecureAggregationRefused, handle_enroll, handle_reveal, is_secure, secure_train
 from client.updates import update_rule
 from client.updates.acknowledged import ACKNOWLEDGED
+from client.updates.fedlap import instructed_lr
 from common.evaluation import evaluate
 from common.privacy.ali import GRAD_DIFF_METRIC
-from common.privacy.plan import is_private, local_epochs, local_steps, planned_entries
+from common.privacy.plan import is_private, local_epochs, local_steps, planned_entries, prox_mu
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, fitting_state, load_arrays
 from common.seeding import global_torch_rng
 
@@ -65,7 +66,7 @@ def private_release(rule, config, name: str | None = None):
                 f"the update rule {name} (privacy {config['privacy']!r}, strategy {config['strategy']!r}) "
                 f"replied without charging this node's privacy ledger: nothing is released. A private rule must "
                 f"call client.privacy.charge(client.ledger, config, planned_entries(config, instruction, "
-                f"dataset_size=client.num_train)) before using the data")
+                f"dataset_size=client.num_train)) before anything derived from the data leaves it")
         for name_, record in list(reply.items()):
             if isinstance(record, MetricRecord):
                 reply[name_] = MetricRecord({k: v for k, v in record.items() if k in allowed})
@@ -141,15 +142,20 @@ def check_instruction(client, content: RecordDict) -> None:
             raise ValueError(f"the instruction's {key!r} must be a non-negative integer, got {value!r}")
     if "server-round" not in instruction:
         raise ValueError("the instruction has no 'server-round'")
-    received = fitting_state(client.model, content[ARRAYS])
-    if not all(bool(torch.isfinite(v).all()) for v in received.values() if v.is_floating_point()):
-        raise ValueError("the instruction's model holds NaN or infinite values")
+    received, model = fitting_state(client.model, content[ARRAYS]), client.model.state_dict()
+    # in the model's dtype: float64 1e300 is finite, and infinite once loaded into a float32 model
+    if not all(bool(torch.isfinite(v.to(model[k].dtype)).all()) for k, v in received.items() if v.is_floating_point()):
+        raise ValueError("the instruction's model holds NaN or infinite values (in the model's dtype)")
     if is_private(client.config) and LINEAGE in instruction:  # a resumable run: its ledger is the run-name's
         claim(client.ledger, str(instruction[LINEAGE]))
     if "local-epochs" in instruction:
         local_epochs(client.config, instruction)
     if client.config["privacy"] == "dpsgd" and client.config["strategy"] != "fedlap":
         local_steps(client.config, instruction)
+    if client.config["strategy"] == "fedprox":
+        prox_mu(client.config, instruction)
+    if client.config["strategy"] == "fedlap":
+        instructed_lr(client.config, instruction)
 
 
 @app.query("secagg_enroll")

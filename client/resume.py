@@ -97,6 +97,7 @@ def resumable(rule: Rule, folder: Path | None) -> Rule:
     def run(client, content: RecordDict, state: RecordDict) -> RecordDict:
         instruction = content[CONFIG]
         lineage, server_round = str(instruction.get(LINEAGE, "")), int(instruction["server-round"])
+        _prefix(lineage)  # checked before the rule charges and trains: save() would refuse it after
         if not any(isinstance(value, ArrayRecord) for value in state.values()):
             restore(folder, lineage, server_round, state)
         reply = rule(client, content, state)

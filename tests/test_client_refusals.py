@@ -4,6 +4,7 @@ exhaust it, charging nothing, and a run config cannot move its files out of its 
 from collections import OrderedDict
 from uuid import uuid4
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
@@ -154,3 +155,77 @@ def test_ali_dpfl_refuses_a_hostile_local_steps_before_the_accountant(app, tmp_p
     reply = send(app, context, instruction(context, **{"local-steps": 10**7}))
     assert reply.has_error() and "local-steps" in reply.error.reason
     assert local_client(context).ledger.entries == ()
+
+
+# --- refused before the charge (an adversarial review, session 21: each test failed on the code it reviewed):
+# a charge for a release that never happened over-spends the owner's budget, and the server's mirror, seeing
+# an error reply, records nothing, so node and server disagree on epsilon
+FEDLAP_DP = {"strategy": "fedlap", "privacy": "dpsgd", "model": "logreg", "fedlap-ipc": 2, "fedlap-dsa": False,
+             "fedlap-real-batches": 2, "fedlap-max-outer": 2, "fedlap-image-steps": 2, "fedlap-model-steps": 1,
+             "target-epsilon": 50.0}
+
+
+def entries(context):
+    return [e.kind for e in local_client(context).ledger.entries]
+
+
+@pytest.mark.parametrize("run", [
+    {"strategy": "fedprox", "privacy": "output"},
+    {"strategy": "fedprox", "privacy": "dpsgd", "local-steps": 2},
+], ids=["upcycled-output", "dp-fedprox"])
+def test_a_non_numeric_proximal_mu_is_refused_before_the_charge(app, tmp_path, run):
+    """client/updates/perturbation.py output_perturbed and client/updates/dpsgd.py dpsgd_update charge first;
+    the instruction's proximal-mu is parsed only afterwards (prox_update / proximal_term -> prox_mu ->
+    float('abc')): ValueError, nothing released, one entry charged."""
+    context = node(tmp_path, **run)
+    reply = send(app, context, instruction(context, **{"proximal-mu": "abc"}))
+    assert reply.has_error()
+    assert entries(context) == [], "a refused instruction was charged to the ledger"
+
+
+def test_a_divergent_proximal_mu_under_output_perturbation_charges_nothing(app, tmp_path):
+    """Under privacy = 'output' the server's proximal-mu is taken as is (only objective perturbation pins it).
+    mu = 1e30 makes local training diverge to NaN; output perturbation then refuses to clip a NaN vector
+    (ValueError) after output_perturbed has charged the ledger."""
+    context = node(tmp_path, strategy="fedprox", privacy="output")
+    reply = send(app, context, instruction(context, **{"proximal-mu": 1e30}))
+    if not reply.has_error():
+        return  # releasing a (clipped, noised) model is fine
+    assert entries(context) == [], f"refused ({reply.error.reason.splitlines()[0]}) yet charged"
+
+
+@pytest.mark.parametrize("perturb", ["model", "update"])
+def test_a_float64_model_that_overflows_float32_is_refused_before_the_charge(app, tmp_path, perturb):
+    """check_instruction refuses a non-finite model, but tests finiteness of the arrays as received: float64
+    1e300 is finite there and becomes inf once loaded into the float32 model. The rule then trains an inf/NaN
+    model and output perturbation fails to clip it, after the charge."""
+    context = node(tmp_path, privacy="output", **{"output-perturb": perturb})
+    state = local_client(context).model.state_dict()
+    huge = ArrayRecord(OrderedDict((k, torch.full(v.shape, 1e300, dtype=torch.float64)) for k, v in state.items()))
+    reply = send(app, context, instruction(context, arrays=huge))
+    if not reply.has_error():
+        assert all(np.isfinite(a.numpy()).all() for a in reply.content[ARRAYS].values())
+        return
+    assert entries(context) == [], f"refused ({reply.error.reason.splitlines()[0]}) yet charged"
+
+
+def test_fedlap_dp_refuses_a_non_numeric_learning_rate_before_the_charge(app, tmp_path):
+    """client/updates/fedlap.py fedlap_update charges, then parses the server's fedlap-lr (float('abc'))."""
+    context = node(tmp_path, **FEDLAP_DP)
+    reply = send(app, context, instruction(context, **{"fedlap-lr": "abc"}))
+    assert reply.has_error()
+    assert entries(context) == [], "a refused instruction was charged to the ledger"
+
+
+def test_a_resumable_fedlap_dp_node_refuses_an_instruction_without_lineage_before_training(app, tmp_path):
+    """client/resume.py resumable validates the lineage token only in restore (skipped once Context.state holds
+    FedLAP's carried-over set) and in save, i.e. after the rule charged and trained: the node replies with an
+    error ('lineage' must be a hex token, got '') and its ledger holds the round's dpsgd + post-processing
+    entries for a release that never happened."""
+    context = node(tmp_path, **FEDLAP_DP, checkpoint=True, **{"run-name": "r"})
+    first = send(app, context, instruction(context, lineage="aa"))
+    assert not first.has_error(), first.error.reason
+    before = entries(context)
+    reply = send(app, context, instruction(context, **{"server-round": 2}))  # no lineage
+    assert reply.has_error()
+    assert entries(context) == before, "a refused instruction was charged to the ledger"

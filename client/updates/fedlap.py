@@ -60,6 +60,14 @@ RADIUS = "fedlap-radius"    # reply metric r_k
 LR_KEY = "fedlap-lr"        # eta_m sent by the server (else computed here)
 
 
+def instructed_lr(config, instruction) -> float:
+    """eta_m: the server's (`fedlap-lr`), else this round's on the run's cosine; a finite number > 0."""
+    eta = instruction.get(LR_KEY, round_lr(config, int(instruction["server-round"])))
+    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not 0 < eta < math.inf:
+        raise ValueError(f"the instruction's {LR_KEY} must be a finite number > 0, got {eta!r}")
+    return float(eta)
+
+
 def round_lr(config, server_round: int) -> float:
     """eta_m: `lr` on the authors' cosine over E = fedlap-lr-rounds (0: num-rounds + 1, because the
     authors' FedLAP loop runs rounds 1..E-1, so its last round still has a positive rate)."""
@@ -180,7 +188,7 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
                                    server_round if config["fedlap-reinit"] else 0)
         images, labels = initial_set(client.x, client.y, ipc, str(config["fedlap-init"]), init_gen)
         images, labels = images.to(device), labels.to(device)
-    eta = float(instruction.get(LR_KEY, round_lr(config, server_round)))
+    eta = instructed_lr(config, instruction)
     radius = float(config["fedlap-radius"])
     dp = None
     if private:

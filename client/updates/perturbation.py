@@ -25,9 +25,11 @@ every local step through the `linear_term` hook of the shared local loop
 the constants `objective-u1`, `objective-u2` and the proximal mu (FedProx only,
 see common/config.py).
 
-Both charge the client's ledger before any training (a crash can only
-over-count), through `common.privacy.plan.planned_entries`, the same function
-the server's mirror uses. The reply's data-dependent metrics (the base
+Both charge the client's ledger before anything leaves it (a crash can only
+over-count): objective perturbation before training, output perturbation after
+its local training, once the trained model is finite, before the noise (a
+training that diverges is refused with nothing charged). Both go through
+`common.privacy.plan.planned_entries`, the same function the server's mirror uses. The reply's data-dependent metrics (the base
 rule's train-loss, `clip-norm-before`) never leave the client: the ClientApp
 keeps only data-independent metrics in a private run (client/app.py). Any
 other record in the base rule's reply (another ArrayRecord, a ConfigRecord)
@@ -36,6 +38,8 @@ is refused (`update_rule` hands every wrapper its base through
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
@@ -66,15 +70,18 @@ def output_perturbed(base):
 
     def rule(client, content: RecordDict, state: RecordDict) -> RecordDict:
         config, instruction = client.config, content[CONFIG]
-        charge(client.ledger, config, planned_entries(config, instruction, dataset_size=client.num_train),
-               server_run=client.run_id)
         received = arrays_to_state_dict(content[ARRAYS]) if config["output-perturb"] == "update" else None
-        reply = base(client, content, state)
+        reply = base(client, content, state)  # nothing leaves before the noise: the charge can wait for it
         trained = arrays_to_state_dict(reply[ARRAYS])
-        generator = torch_generator(mechanism_seed(config), "client-output-noise", client.partition,
-                                    _train_round(instruction))
         before = l2_norm(trained if received is None else
                          {k: v - received[k] for k, v in trained.items() if v.is_floating_point()})
+        if not math.isfinite(before):  # refused before the charge: nothing is released
+            raise ValueError(f"local training diverged (the {'update' if received is not None else 'model'} "
+                             "is not finite); nothing was released or charged")
+        charge(client.ledger, config, planned_entries(config, instruction, dataset_size=client.num_train),
+               server_run=client.run_id)
+        generator = torch_generator(mechanism_seed(config), "client-output-noise", client.partition,
+                                    _train_round(instruction))
         noisy = output_perturbation(trained, clip_norm=float(config["output-clip"]),
                                     noise_std=float(config["output-noise-std"]), reference=received,
                                     generator=generator)

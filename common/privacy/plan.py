@@ -9,6 +9,7 @@ clients spent), so the epsilon it reports comes from the same events.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Mapping
 
 from common.privacy.events import (ALI_PAPER_MU_ASSUMPTION, FEDLAP_LABELS_ASSUMPTION, LedgerEntry, dpsgd_steps,
@@ -122,7 +123,10 @@ def _assuming(entry: LedgerEntry, assumption: str) -> LedgerEntry:
 def prox_mu(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> float:
     """The mu of the local objective's proximal term (Thm 6.3): the instruction's, else the run's prox-mu.
     Under objective perturbation mu enters the epsilon charged, so only the run's own mu is accepted."""
-    mu = float(instruction.get("proximal-mu", config["prox-mu"]))
+    mu = instruction.get("proximal-mu", config["prox-mu"])
+    if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu < math.inf:
+        raise ValueError(f"the instruction's proximal-mu must be a finite number >= 0, got {mu!r}")
+    mu = float(mu)
     if config["privacy"] == "objective" and mu != float(config["prox-mu"]):
         raise ValueError(f"the instruction asks for proximal-mu = {mu:g}; objective perturbation is accounted "
                          f"with this run's prox-mu = {config['prox-mu']:g}")
