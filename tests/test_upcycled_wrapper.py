@@ -313,3 +313,29 @@ def test_a_lambda_schedule_with_mu_zero_is_refused_not_silently_vanilla():
     with pytest.raises(ConfigError, match="upcycled-mu > 0"):
         validate({"strategy": "fedavg", "upcycled": True, "upcycled-lambda": 1.0, "upcycled-mu": 0.0})
     assert validate({"strategy": "fedavg", "upcycled": True, "upcycled-lambda": 1.0, "upcycled-mu": 0.5})
+
+
+def test_fedprox_theta_m_takes_its_proximal_mu():
+    """theta_m = mu/(mu+lambda_m) with the paper's mu, the odd rounds' proximal one: FedProx's prox-mu. It used
+    upcycled-mu (default 0.5) whatever FedProx's mu, silently another schedule than the paper's."""
+    from common.config import ConfigError, upcycled_mu, validate
+
+    prox = validate({"strategy": "fedprox", "prox-mu": 0.1, "upcycled": True, "upcycled-lambda": 0.1})
+    assert upcycled_mu(prox) == 0.1
+    with pytest.raises(ConfigError, match="upcycled-mu = 0.9 is read only with upcycled = true, upcycled-lambda > 0 "
+                                          "and a strategy other than 'fedprox'"):
+        validate({"strategy": "fedprox", "upcycled": True, "upcycled-lambda": 0.1, "upcycled-mu": 0.9})
+    with pytest.raises(ConfigError, match="prox-mu = 0 makes theta_m"):
+        validate({"strategy": "fedprox", "prox-mu": 0.0, "upcycled": True, "upcycled-lambda": 0.1})
+
+
+@pytest.mark.parametrize("config,key", [
+    ({"upcycled-lambda": 1.0, "upcycled-theta": 0.7}, "upcycled-theta"),  # theta_m replaces it
+    ({"upcycled-lambda-growth": 0.5}, "upcycled-lambda-growth"),  # no lambda, no schedule
+    ({"upcycled-mu": 0.9}, "upcycled-mu"),
+])
+def test_an_upcycled_key_its_schedule_does_not_read_is_refused(config, key):
+    from common.config import ConfigError, validate
+
+    with pytest.raises(ConfigError, match=f"{key} = "):
+        validate({"strategy": "fedavg", "upcycled": True, **config})
