@@ -90,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
                     _plot(run)
                 except OSError as err:  # a full or read-only disk: the table still shows the run
                     print(f"privfed report: no plot for {run}: {err.strerror or err}", file=sys.stderr)
+                except (ValueError, TypeError, KeyError) as err:  # a damaged metrics.jsonl line
+                    print(f"privfed report: no plot for {run}: unreadable metrics.jsonl ({err})", file=sys.stderr)
             fmt = lambda v, spec=".4f": "-" if v is None else format(v, spec)  # noqa: E731
             table.add_row(str(run), str(s["seed"]), fmt(s["accuracy"]), fmt(s["loss"]), fmt(s["epsilon"], ".3f"),
                           str(s["rounds"]), fmt(s["wall"], ".1f"))

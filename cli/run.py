@@ -228,9 +228,12 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     epsilon = row_epsilon(final)
     if epsilon is None:
         epsilon = row_epsilon(last)
-    return {"accuracy": final.get("accuracy"), "loss": final.get("loss"), "epsilon": epsilon,
-            "rounds": summary.get("rounds"), "wall": summary.get("wall_seconds"),
-            "seed": summary.get("config", {}).get("seed"), "path": str(run_dir),
+    numbers = {"accuracy": final.get("accuracy"), "loss": final.get("loss"), "epsilon": epsilon,
+               "rounds": summary.get("rounds"), "wall": summary.get("wall_seconds")}
+    for name, value in numbers.items():  # a damaged file: refused here, not a traceback where a row prints
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"its {name} is {value!r}, not a number")
+    return {**numbers, "seed": summary.get("config", {}).get("seed"), "path": str(run_dir),
             "epsilon_note": epsilon_note(summary)}
 
 

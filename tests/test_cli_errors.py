@@ -2,6 +2,8 @@
 
 import json
 import math
+import sys
+import types
 
 import pytest
 
@@ -253,3 +255,61 @@ def test_a_refused_resume_is_the_users_to_fix_and_says_all_of_it(capsys, tmp_pat
     assert code == 0, err
     code, _, err = run(capsys, *common, "--set", "num-rounds=2", "--set", "lr=0.5")
     assert code == 2 and "different run config" in err and "PRIVFED_DEBUG" not in err, err
+
+# --- an adversarial review, session 21: each test failed on the code it reviewed ---------------------------
+def _run_dir(tmp_path, final, metrics_lines=None):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps({
+        "final": final, "rounds": 1, "wall_seconds": 1.0,
+        "config": {"seed": 0, "strategy": "fedavg", "dataset": "synthetic"}}))
+    if metrics_lines is not None:
+        (run / "metrics.jsonl").write_text("".join(line + "\n" for line in metrics_lines))
+    return run
+
+
+def test_report_damaged_summary_value_no_traceback(tmp_path, capsys):
+    # summary.json's final accuracy is a string: `privfed report` dies with a ValueError traceback.
+    run = _run_dir(tmp_path, {"accuracy": "abc", "loss": 1.0})
+    rc = main(["report", str(run), "--no-plots"])  # must not raise
+    assert rc in (1, 2)
+    assert "skipped" in capsys.readouterr().err
+
+
+def test_report_damaged_metrics_line_no_traceback(tmp_path, capsys):
+    # A torn line in the middle of metrics.jsonl (last line fine): the table is read, then _plot's
+    # read_rows raises JSONDecodeError, which only `except OSError` guards: a traceback.
+    good = json.dumps({"round": 2, "accuracy": 0.5, "loss": 1.0})
+    run = _run_dir(tmp_path, {"accuracy": 0.5, "loss": 1.0}, ['{"round": 1, "accur', good])
+    rc = main(["report", str(run)])  # must not raise
+    assert rc in (0, 1, 2)
+
+
+def test_data_download_network_failure_is_one_line_error(tmp_path, monkeypatch, capsys):
+    # torchvision's MNIST.download raises RuntimeError("Error downloading <file>") when no mirror can be
+    # reached (and RuntimeError on a failed MD5); `_download` catches only ImportError/ValueError/OSError.
+    class _Offline:
+        def __init__(self, *args, **kwargs):
+            raise RuntimeError("Error downloading train-images-idx3-ubyte.gz")
+
+    datasets = types.ModuleType("torchvision.datasets")
+    datasets.MNIST = datasets.FashionMNIST = datasets.CIFAR10 = _Offline
+    tv = types.ModuleType("torchvision")
+    tv.datasets = datasets
+    monkeypatch.setitem(sys.modules, "torchvision", tv)
+    monkeypatch.setitem(sys.modules, "torchvision.datasets", datasets)
+    rc = main(["data", "download", "mnist", "--data-dir", str(tmp_path / "d")])  # must not raise
+    assert rc == 2
+    assert not list((tmp_path / "d").rglob("*.gz"))
+
+
+def test_data_check_detects_corrupt_cifar10(tmp_path, capsys):
+    # A CIFAR-10 folder of garbage files: `data check` does not look at it at all and exits 0
+    # (README documents that CIFAR-10's batches have no digest; torchvision lists one MD5 per batch file).
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]:
+        (folder / name).write_bytes(b"\0" * 100)
+    rc = main(["data", "check", "--data-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert rc != 0 or "cifar" in out, out

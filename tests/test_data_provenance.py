@@ -80,7 +80,7 @@ def test_a_run_on_an_edited_file_says_so(released_copy, tmp_path, capsys, one_to
 def test_data_check_reports_ok_differing_and_missing(released_copy, capsys):
     assert main(["data", "check", "--data-dir", str(released_copy)]) == 0
     out = capsys.readouterr().out
-    assert f"{RELEASED}" in out and "1 of 15 known files" in out and "0 differ" in out
+    assert f"{RELEASED}" in out and "1 of 22 known files" in out and "0 differ" in out
     assert "mnist/train-images-idx3-ubyte.gz" in out and "missing" in out
     _edit_one_label(released_copy)
     assert main(["data", "check", "--data-dir", str(released_copy)]) == 1

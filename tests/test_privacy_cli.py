@@ -73,3 +73,47 @@ def test_ledger_report(capsys, tmp_path):
     assert json.loads(out)["epsilon"] == pytest.approx(2.79, abs=0.02)
     rc, _, err = _run(capsys, "ledger", str(tmp_path / "missing.json"), "--delta", "1e-5")
     assert rc == 2 and "error" in err
+
+# --- an adversarial review, session 21: each test failed on the code it reviewed ---------------------------
+def _ledger(path, entries):
+    lines = [{"format": "privfed-privacy-ledger", "version": 2, "owner": "c0"}, *entries]
+    path.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
+    return str(path)
+
+
+def test_privacy_epsilon_zero_steps_refuses_delta_above_one(capsys):
+    # delta >= 1 is refused for steps > 0, but with --steps 0 it prints "epsilon = 0 at delta = 2".
+    rc = main(["privacy", "epsilon", "--q", "0.01", "--sigma", "1", "--steps", "0", "--delta", "2"])
+    assert rc == 2
+    assert "delta" in capsys.readouterr().err
+
+
+def test_privacy_ledger_negative_pure_epsilon_is_refused(tmp_path, capsys):
+    # A damaged ledger whose pure entry has epsilon -5 reports a NEGATIVE total epsilon, exit 0.
+    path = _ledger(tmp_path / "x.ledger.json", [
+        {"kind": "zcdp", "round": 1, "params": {"rho": 0.1, "relation": "replace-one"}, "meta": {}},
+        {"kind": "pure", "round": 2, "params": {"epsilon": -5, "relation": "replace-one"}, "meta": {}},
+    ])
+    rc = main(["privacy", "ledger", path, "--delta", "1e-5", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 2, f"a ledger with a negative epsilon entry was reported: {out}"
+
+
+def test_privacy_ledger_nan_noise_multiplier_is_refused(tmp_path, capsys):
+    # A damaged ledger whose DP-SGD entries have noise_multiplier NaN reports epsilon 0.0, exit 0.
+    entry = {"kind": "dpsgd", "round": 1, "meta": {},
+             "params": {"sample_rate": 0.01, "noise_multiplier": float("nan"), "steps": 500,
+                        "relation": "add-remove"}}
+    path = _ledger(tmp_path / "y.ledger.json", [entry])
+    rc = main(["privacy", "ledger", path, "--delta", "1e-5", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 2, f"a ledger with a NaN noise multiplier was reported: {out}"
+
+
+def test_privacy_ledger_negative_steps_is_refused(tmp_path, capsys):
+    entry = {"kind": "dpsgd", "round": 1, "meta": {},
+             "params": {"sample_rate": 0.01, "noise_multiplier": 1.1, "steps": -500, "relation": "add-remove"}}
+    path = _ledger(tmp_path / "z.ledger.json", [entry])
+    rc = main(["privacy", "ledger", path, "--delta", "1e-5", "--json"])
+    out = capsys.readouterr().out
+    assert rc == 2, f"a ledger with negative steps was reported: {out}"

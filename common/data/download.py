@@ -96,6 +96,14 @@ def download(dataset: str, data_dir: str | Path, force: bool = False) -> Path:
         return folder
 
     tvd = _torchvision()
+    try:
+        _fetch_with_torchvision(tvd, dataset, data_dir, folder)
+    except RuntimeError as err:  # torchvision's "Error downloading ..." (no network) or a failed MD5 check
+        raise OSError(f"cannot download {dataset}: {err}") from err
+    return folder
+
+
+def _fetch_with_torchvision(tvd, dataset: str, data_dir: Path, folder: Path) -> None:
     with tempfile.TemporaryDirectory(dir=data_dir, prefix=".download-") as tmp:
         tmp = Path(tmp)
         if dataset in ("mnist", "fashion-mnist"):
@@ -112,4 +120,3 @@ def download(dataset: str, data_dir: str | Path, force: bool = False) -> Path:
             if folder.exists():
                 shutil.rmtree(folder)
             shutil.move(str(tmp / "cifar-10-batches-py"), str(folder))
-    return folder

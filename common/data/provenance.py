@@ -9,8 +9,10 @@ data folder, whose `SHA256SUMS` lists them):
     {"file": "mnist/train-images-idx3-ubyte.gz", "sha256": "...", "published": true}
 
 `published` is False for a file that differs from the publisher's, and None
-where no digest is known (an already-decompressed idx file, CIFAR-10's
-batches). A differing file is not refused: a user may mean to run on a
+where no digest is known (an already-decompressed idx file). CIFAR-10's
+publisher distributes MD5 digests of its batches (the dataset's page, and
+torchvision, which checks them): those files are compared by MD5, and their
+record also holds it. A differing file is not refused: a user may mean to run on a
 modified copy. The run says so in its log and records the digests in
 `summary.json` (`data_files`), so results made on other data are never
 mistaken for the published dataset's. `privfed data check` compares a whole
@@ -43,25 +45,40 @@ PUBLISHED_SHA256 = {
 }
 
 
+# CIFAR-10 python version: the publisher's MD5s (www.cs.toronto.edu/~kriz/cifar.html), as torchvision checks them
+PUBLISHED_MD5 = {
+    "cifar-10-batches-py/data_batch_1": "c99cafc152244af753f735de768cd75f",
+    "cifar-10-batches-py/data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
+    "cifar-10-batches-py/data_batch_3": "54ebc095f3ab1f0389bbae665268c751",
+    "cifar-10-batches-py/data_batch_4": "634d18415352ddfa80567beed471001a",
+    "cifar-10-batches-py/data_batch_5": "482c414d41f54cd18b22e5b47cb7c3cb",
+    "cifar-10-batches-py/test_batch": "40351d587109b95175f43aff81a1287e",
+    "cifar-10-batches-py/batches.meta": "5ff9c542aee3614f3951f8cda6e48888",
+}
+
+
 @lru_cache(maxsize=64)
-def _sha256(path: str, size: int, mtime_ns: int) -> str:
+def _digest(path: str, algorithm: str, size: int, mtime_ns: int) -> str:
     """Keyed by size and modification time too: a file replaced during a session is hashed again."""
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        return hashlib.file_digest(f, algorithm).hexdigest()
 
 
-def sha256(path: str | Path) -> str:
+def digest(path: str | Path, algorithm: str = "sha256") -> str:
     stat = Path(path).stat()
-    return _sha256(str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns)
+    return _digest(str(Path(path).resolve()), algorithm, stat.st_size, stat.st_mtime_ns)
 
 
 def file_record(path: str | Path) -> dict[str, Any]:
     """`path` (inside a dataset folder of the data folder) as the module docstring's record."""
     path = Path(path)
     name = f"{path.parent.name}/{path.name}"
-    digest = sha256(path)
+    record: dict[str, Any] = {"file": name, "sha256": digest(path)}
+    if name in PUBLISHED_MD5:
+        record["md5"] = digest(path, "md5")
+        return {**record, "published": record["md5"] == PUBLISHED_MD5[name]}
     published = PUBLISHED_SHA256.get(name)
-    return {"file": name, "sha256": digest, "published": None if published is None else digest == published}
+    return {**record, "published": None if published is None else record["sha256"] == published}
 
 
 def file_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
@@ -70,14 +87,14 @@ def file_records(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
 
 def differing(records: Iterable[dict[str, Any]]) -> list[str]:
     """The log lines a run prints for files that are not their publisher's."""
-    return [f"data: {r['file']} is not the published file (SHA-256 {r['sha256'][:16]}... differs): results are "
+    return [f"data: {r['file']} is not the published file (its SHA-256 is {r['sha256'][:16]}...): results are "
             "not comparable with runs on the published dataset" for r in records if r["published"] is False]
 
 
 def check_folder(data_dir: str | Path) -> list[dict[str, Any]]:
     """Every file with a published digest, as found under `data_dir` (`published` None: missing)."""
     out = []
-    for name in PUBLISHED_SHA256:
+    for name in [*PUBLISHED_SHA256, *PUBLISHED_MD5]:
         path = Path(data_dir) / name
         out.append(file_record(path) if path.is_file() else {"file": name, "sha256": None, "published": None})
     return out

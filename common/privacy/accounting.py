@@ -262,6 +262,7 @@ def dpsgd_epsilon(sample_rate: float, noise_multiplier: float, steps: int, delta
                   accountant: str = "rdp", conversion: str = "balle", orders: Orders | None = None) -> float:
     """epsilon(delta) after `steps` DP-SGD steps at sampling rate q and noise multiplier sigma."""
     _check_dpsgd(sample_rate, noise_multiplier)
+    _check_delta(delta)  # before the shortcut: epsilon 0 "at delta = 2" is no statement
     if steps < 0:
         raise ValueError(f"steps must be >= 0; got {steps}")
     if steps == 0:

@@ -62,6 +62,8 @@ class LedgerEntry:
         relation = self.params.get("relation")
         if relation is not None and relation not in RELATIONS:
             raise ValueError(f"unknown neighbouring relation {relation!r}; known: {', '.join(RELATIONS)}")
+        if problem := _params_problem(self.kind, self.params):  # e.g. a ledger file edited or damaged
+            raise ValueError(f"a {self.kind} entry {problem}")
 
     # -- JSON -----------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -113,6 +115,38 @@ class LedgerEntry:
         else:
             what = f"post-processing ({self.meta.get('note', 'no data access')}): no privacy cost"
         return where + what
+
+
+def _is_count(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+
+
+# each kind's params that set its cost, and what they must be: the constructors below only make valid ones,
+# and an entry read back from a file must be one of them (a NaN sigma, negative steps or a negative epsilon
+# would compose to epsilon 0 or less: a false guarantee)
+_PARAM_CHECKS: dict[str, dict[str, tuple[str, Any]]] = {
+    "dpsgd": {"sample_rate": ("in (0, 1]", lambda v: _is_positive(v) and v <= 1),
+              "noise_multiplier": ("a positive finite number", _is_positive),
+              "steps": ("an integer >= 0", lambda v: _is_count(v, 0))},
+    "gaussian": {"noise_multiplier": ("a positive finite number", _is_positive),
+                 "count": ("an integer >= 1", lambda v: _is_count(v, 1))},
+    "zcdp": {"rho": ("a positive finite number", _is_positive)},
+    "pure": {"epsilon": ("a positive finite number", _is_positive)},
+    "post-processing": {},
+}
+_DEFAULT_PARAMS = {"count": 1}  # a gaussian entry without it is one release
+
+
+def _params_problem(kind: str, params: dict[str, Any]) -> str | None:
+    for name, (what, ok) in _PARAM_CHECKS[kind].items():
+        value = params.get(name, _DEFAULT_PARAMS.get(name))
+        if not ok(value):
+            return f"needs {name} {what}; got {value!r}"
+    return None
 
 
 def _positive(name: str, value: float) -> float:
