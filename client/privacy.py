@@ -162,8 +162,9 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
     Without it (an older server), the last enrollment wins.
 
     The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`
-    (-1 if no entry has a round) and `ledger-last-entries` (that round's entries, JSON). All are
-    data-independent: entries are planned from the instructions and the enrolled data size."""
+    (-1 if no entry has a round), `ledger-last-entries` (that round's entries, JSON) and `ledger-fenced`
+    (1 if an earlier start's enrollment fenced this ledger). All are data-independent: entries are
+    planned from the instructions and the enrolled data size."""
     with file_lock(path):
         ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger()
         fence = _beside(path, ".server-run")
@@ -185,7 +186,9 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
         tag, last = _beside(path, ".lineage"), max(ledger.rounds(), default=-1)
         return {"ledger-lineage": tag.read_text().strip() if tag.exists() else "",
                 "ledger-last-round": last,
-                "ledger-last-entries": json.dumps([e.to_json() for e in ledger.entries if e.round == last])}
+                "ledger-last-entries": json.dumps([e.to_json() for e in ledger.entries if e.round == last]),
+                # an earlier start enrolled this ledger: an empty one is then this run's, not one deleted or moved
+                "ledger-fenced": int(held_run is not None)}
 
 
 def _fence(path: Path) -> tuple[str | None, int]:

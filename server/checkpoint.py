@@ -307,6 +307,8 @@ class Checkpointer:
                                   f"); resuming would train that round again and charge the clients again: "
                                   f"change the config (e.g. lower the learning rates) and {AFRESH}")
         if not self.path.exists():  # a fresh start; but round 1 of a crashed one may have been charged
+            if model is not None and self.inflight_path.exists():
+                self._warn_moved(mirror)
             if model is not None and self._charge_lost_round(0, mirror, any_lineage=True):
                 self.save(0, model, strategy, mirror, writer)  # a round-0 checkpoint: the charge persists
             return None, 1
@@ -335,12 +337,7 @@ class Checkpointer:
         done = int(ckpt["round"])
         self.log(f"resuming run {self.config['run-name']!r} from {self.path}: round {done} done, "
                  f"next round {done + 1}")
-        moved = [p for p, ledger in mirror.ledgers.items() if empty_but_counted(self._tails.get(p), ledger.entries)]
-        if moved:
-            self.log(f"WARNING: the nodes of partitions {moved} report empty privacy ledgers, but the checkpoint "
-                     "counts charges for them: if a node's state-dir moved (state-dir, results-dir, "
-                     "PRIVFED_STATE_DIR), its own ledger no longer holds its charges and enforces its budget "
-                     "only from now on (the server's report still counts them)")
+        self._warn_moved(mirror)
         if self._charge_lost_round(done, mirror):
             self.save(done, ckpt["model"], strategy, mirror, writer)  # the charge survives a second crash
         return ckpt["model"], done + 1
@@ -377,6 +374,15 @@ class Checkpointer:
         save_checkpoint(self.inflight_path, {
             "lineage": self.lineage, "round": server_round,
             "mirror": {str(p): PrivacyLedger(list(entries)).to_json() for p, entries in planned.items() if entries}})
+
+    def _warn_moved(self, mirror) -> None:
+        moved = [p for p, ledger in mirror.ledgers.items() if empty_but_counted(self._tails.get(p), ledger.entries)]
+        if moved:
+            self.log(f"WARNING: the nodes of partitions {moved} report empty privacy ledgers that the checkpoint "
+                     "counts charges for, or that no earlier start of this run enrolled: if a node's state-dir "
+                     "moved or was deleted (state-dir, results-dir, PRIVFED_STATE_DIR), its own ledger no longer "
+                     "holds its charges and enforces its budget only from now on (the server's report still "
+                     "counts them, and a lost round)")
 
     def _charge_lost_round(self, done: int, mirror, any_lineage: bool = False) -> bool:
         """Count round done + 1 in the mirror if it was interrupted after its instructions left.

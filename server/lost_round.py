@@ -11,10 +11,11 @@ In a resumable private run each node's enrollment reply says what its ledger
 holds of its last round (`client.privacy.report_and_fence`), and fences off the
 dead server start's instructions, so the report stays true. The resume then
 counts the lost round for a partition unless its report proves the round was not
-charged: the node's ledger belongs to this run (its lineage) and holds, for that
-round, exactly what the checkpoint's mirror holds already. Anything else (no
-report, another lineage, a malformed or unexpected one) counts the round, as
-before.
+charged: the node's ledger belongs to this run (its lineage, or, empty and bound
+to no start, the fence an earlier start's enrollment left beside it) and holds,
+for that round, exactly what the checkpoint's mirror holds already. Anything else
+(no report, another lineage, a malformed or unexpected one, an empty ledger with
+no fence: its state-dir was deleted or moved) counts the round, as before.
 
 Trust: the report concerns the node's own privacy, and the node's own ledger
 enforces its budget whatever it reports; a node that understates its charges
@@ -35,18 +36,19 @@ MAX_REPORT = 1 << 16  # characters of a report's entries: a round charges a few 
 
 def empty_but_counted(tail: LedgerTail | None, known: Sequence[LedgerEntry]) -> bool:
     """A node reports an empty ledger bound to no start while the checkpoint's mirror counts entries for its
-    partition: either it never received an instruction (they timed out), or its ledger moved (another
-    state-dir), and then its own ledger no longer enforces its budget."""
-    return tail is not None and not tail.lineage and tail.last_round == -1 and bool(known)
+    partition (either it never received an instruction, or its ledger moved), or one no earlier start
+    fenced (it moved, or was deleted): its own ledger may no longer enforce its budget."""
+    return tail is not None and not tail.lineage and tail.last_round == -1 and (bool(known) or not tail.fenced)
 
 
 @dataclass(frozen=True)
 class LedgerTail:
-    """A node's report at enrollment: its ledger's lineage ("" if unbound), last round (-1: none) and that
-    round's entries."""
+    """A node's report at enrollment: its ledger's lineage ("" if unbound), last round (-1: none), that
+    round's entries, and whether an earlier start's enrollment fenced it (False: never enrolled there)."""
     lineage: str
     last_round: int
     entries: tuple[LedgerEntry, ...]
+    fenced: bool = False
 
 
 def parse_tail(info: Mapping) -> LedgerTail | None:
@@ -63,7 +65,8 @@ def parse_tail(info: Mapping) -> LedgerTail | None:
         return None
     if last < -1 or any(e.round != last for e in parsed) or (last == -1) != (not parsed):
         return None
-    return LedgerTail(lineage, last, parsed)
+    fenced = info.get("ledger-fenced", 0)  # absent (an older node): not known to be fenced
+    return LedgerTail(lineage, last, parsed, fenced=fenced is not True and fenced == 1)
 
 
 def not_charged(tail: LedgerTail | None, lineage: str, known: Sequence[LedgerEntry],
@@ -74,8 +77,10 @@ def not_charged(tail: LedgerTail | None, lineage: str, known: Sequence[LedgerEnt
     if tail is None or not lost or len(rounds) != 1 or None in rounds:
         return False
     (lost_round,) = rounds
-    if tail.lineage != lineage and (tail.lineage or tail.last_round != -1 or known):
-        return False  # another start's ledger, entries bound to no start, or not the ledger that charged `known`
+    if tail.lineage != lineage and (tail.lineage or tail.last_round != -1 or known or not tail.fenced):
+        # another start's ledger, entries bound to no start, not the ledger that charged `known`, or an empty
+        # one no start enrolled (deleted or moved: the one the lost round reached may have charged it)
+        return False
     if tail.last_round > lost_round:
         return False  # a later round than any the server sent: cannot tell
     held = list(tail.entries) if tail.last_round == lost_round else []
