@@ -162,8 +162,8 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
     Without it (an older server), the last enrollment wins.
 
     The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`
-    (-1 if no entry has a round), `ledger-last-entries` (that round's entries, JSON) and `ledger-fenced`
-    (1 if an earlier start's enrollment fenced this ledger). All are data-independent: entries are
+    (-1 if no entry has a round), `ledger-last-entries` (that round's entries, JSON) and
+    `ledger-fence-started` (the start time of the start whose enrollment fenced it before, 0 if none). All are data-independent: entries are
     planned from the instructions and the enrolled data size."""
     with file_lock(path):
         ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger()
@@ -187,8 +187,9 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
         return {"ledger-lineage": tag.read_text().strip() if tag.exists() else "",
                 "ledger-last-round": last,
                 "ledger-last-entries": json.dumps([e.to_json() for e in ledger.entries if e.round == last]),
-                # an earlier start enrolled this ledger: an empty one is then this run's, not one deleted or moved
-                "ledger-fenced": int(held_run is not None)}
+                # which earlier start enrolled this ledger (0: none): the one a lost round came from proves an
+                # empty ledger is the one that round reached, not one deleted or moved since
+                "ledger-fence-started": held_start if held_run is not None else 0}
 
 
 def _fence(path: Path) -> tuple[str | None, int]:

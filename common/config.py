@@ -131,8 +131,8 @@ SCHEMA: dict[str, Key] = {
                     "w2m = w2m-1 + theta_m (w2m-1 - w2m-2) on the server"),
     "upcycled-theta": Key(0.3, "Upcycled-FL extrapolation coefficient theta = mu/(mu+lambda_m), constant over rounds "
                           "(the authors' --upcycled_param); used when upcycled-lambda = 0", low=0.0, high=1.0),
-    "upcycled-mu": Key(0.5, "Upcycled-FL mu in theta_m = mu/(mu+lambda_m); used when upcycled-lambda > 0 (FedProx "
-                       "takes its prox-mu: the paper's mu is the odd rounds' proximal one)", low=0.0),
+    "upcycled-mu": Key(0.5, "Upcycled-FL mu in theta_m = mu/(mu+lambda_m); used when upcycled-lambda > 0 (under "
+                       "FedProx it must equal prox-mu: the paper's mu is the odd rounds' proximal one)", low=0.0),
     "upcycled-lambda": Key(0.0, "Upcycled-FL lambda: > 0 replaces upcycled-theta by theta_m = mu/(mu+lambda_m) with "
                            "lambda_m = lambda * m^growth (m: index of the even round 2m)", low=0.0),
     "upcycled-lambda-growth": Key(0.0, "exponent g of lambda_m = lambda * m^g; 0: constant, 0.5: theta_m = O(1/sqrt(m)), "
@@ -343,11 +343,8 @@ _MODES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool]], ...] = (
     ("ali-", "strategy = 'ali-dpfl'", lambda c: c.get("strategy") == "ali-dpfl"),
     ("upcycled-theta", "upcycled = true and upcycled-lambda = 0",
      lambda c: bool(c.get("upcycled")) and not c.get("upcycled-lambda")),
-    ("upcycled-mu", "upcycled = true, upcycled-lambda > 0 and a strategy other than 'fedprox' (whose theta_m "
-     "takes prox-mu)", lambda c: bool(c.get("upcycled")) and bool(c.get("upcycled-lambda"))
-     and c.get("strategy") != "fedprox"),
-    ("upcycled-lambda-growth", "upcycled = true and upcycled-lambda > 0",
-     lambda c: bool(c.get("upcycled")) and bool(c.get("upcycled-lambda"))),
+    *((k, "upcycled = true and upcycled-lambda > 0", lambda c: bool(c.get("upcycled")) and bool(c.get("upcycled-lambda")))
+      for k in ("upcycled-mu", "upcycled-lambda-growth")),
     ("upcycled-", "upcycled = true", lambda c: bool(c.get("upcycled"))),
     ("secagg-", "secure-aggregation = true", lambda c: bool(c.get("secure-aggregation"))),
     ("output-", "privacy = 'output'", lambda c: c.get("privacy") == "output"),
@@ -365,12 +362,6 @@ _MODES: tuple[tuple[str, str, Callable[[Mapping[str, Any]], bool]], ...] = (
     ("local-steps", "privacy = 'dpsgd' and a strategy other than 'fedlap' and 'ali-dpfl' (whose server sends "
      "each round's tau)", lambda c: c.get("privacy") == "dpsgd" and c.get("strategy") not in ("fedlap", "ali-dpfl")),
 )
-
-
-def upcycled_mu(config: Mapping[str, Any]) -> float:
-    """The mu of Upcycled-FL's theta_m = mu/(mu+lambda_m): the paper's is the odd rounds' proximal mu, which
-    FedProx has (prox-mu); the other bases have none, and take upcycled-mu."""
-    return float(config["prox-mu"] if config["strategy"] == "fedprox" else config["upcycled-mu"])
 
 
 def read_only_when(key: str) -> tuple[str, Callable[[Mapping[str, Any]], bool]] | None:
@@ -515,11 +506,15 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                           "lower lr or pfedme-lambda (the authors: lr * lambda < 1)")
     if v["upcycled"] and v["strategy"] in NOT_UPCYCLED:
         raise ConfigError(f"strategy {v['strategy']!r} cannot run with upcycled = true: {NOT_UPCYCLED[v['strategy']]}")
-    if v["upcycled"] and v["upcycled-lambda"] > 0 and upcycled_mu(v) == 0:
-        mu_key = "prox-mu" if v["strategy"] == "fedprox" else "upcycled-mu"
-        raise ConfigError(f"upcycled-lambda > 0 with {mu_key} = 0 makes theta_m = mu/(mu+lambda_m) = 0 on every "
+    if v["upcycled"] and v["upcycled-lambda"] > 0 and v["upcycled-mu"] == 0:
+        raise ConfigError("upcycled-lambda > 0 with upcycled-mu = 0 makes theta_m = mu/(mu+lambda_m) = 0 on every "
                           "even round: the Upcycled run would silently be the vanilla one with twice the rounds; "
-                          f"set {mu_key} > 0 (Algorithm 1's mu), or upcycled-lambda = 0 and upcycled-theta")
+                          "set upcycled-mu > 0 (Algorithm 1's mu), or upcycled-lambda = 0 and upcycled-theta")
+    if v["upcycled"] and v["upcycled-lambda"] > 0 and v["strategy"] == "fedprox" \
+            and v["upcycled-mu"] != v["prox-mu"]:
+        raise ConfigError(f"upcycled-mu = {v['upcycled-mu']:g} under FedProx: the paper's mu in theta_m = "
+                          f"mu/(mu+lambda_m) is the odd rounds' proximal mu; set upcycled-mu = prox-mu "
+                          f"({v['prox-mu']:g})")
     _check_privacy_mechanism(v)  # declared, and (replacing the base rule) for the strategies it declares
     if v["privacy"] == "dpsgd" and v["local-steps"] == 0 and v["strategy"] not in ("fedlap", "ali-dpfl"):
         raise ConfigError("privacy = 'dpsgd' counts DP-SGD steps: set local-steps > 0 "

@@ -274,6 +274,7 @@ class Checkpointer:
         self.path: Path | None = None
         self.lineage = secrets.token_hex(8)  # replaced by the checkpoint's on resume
         self._tails: dict[int, LedgerTail] = {}  # the nodes' ledger reports, given to `resume`
+        self._enrolled_at = 0  # when this start enrolled the nodes (ns), given to `resume`
         self._started, self.earlier_seconds = time.perf_counter(), 0.0  # the latter: the resumed segments' time
         self._journal = _Journal()  # what the saves so far journaled (a fresh start: nothing, from byte 0)
         if not self.enabled:
@@ -294,12 +295,13 @@ class Checkpointer:
         return self.enabled and self.path.exists()
 
     def resume(self, strategy, mirror, writer, model: ArrayRecord | None = None,
-               tails: Mapping[int, LedgerTail] | None = None) -> tuple[ArrayRecord | None, int]:
+               tails: Mapping[int, LedgerTail] | None = None, enrolled_at: int = 0) -> tuple[ArrayRecord | None, int]:
         """Restore from the checkpoint if there is one: (global arrays, first round to run);
         (None, 1) for a fresh start. `model`: the run's initial model, which the saved one must match
         array for array (names, dtypes, shapes, finite values). `tails`: the nodes' reports of their
-        ledgers' last rounds (the roster's), which tell a lost round that never reached them."""
-        self._tails = dict(tails or {})
+        ledgers' last rounds (the roster's), which tell a lost round that never reached them;
+        `enrolled_at`: when this start enrolled them (the roster's), recorded with each round in flight."""
+        self._tails, self._enrolled_at = dict(tails or {}), int(enrolled_at)
         if not self.enabled:
             return None, 1
         if self.diverged_path.exists():  # the diverged round is not checkpointed: it would be trained again
@@ -372,7 +374,7 @@ class Checkpointer:
         if not self.enabled or not any(planned.values()):
             return
         save_checkpoint(self.inflight_path, {
-            "lineage": self.lineage, "round": server_round,
+            "lineage": self.lineage, "round": server_round, "started": self._enrolled_at,
             "mirror": {str(p): PrivacyLedger(list(entries)).to_json() for p, entries in planned.items() if entries}})
 
     def _warn_moved(self, mirror) -> None:
@@ -394,6 +396,8 @@ class Checkpointer:
             if (lost["lineage"] != self.lineage and not any_lineage) or lost["round"] != done + 1:
                 return False  # another run's, or a round that was checkpointed after all
             ledgers = {int(p): PrivacyLedger.from_json(ledger) for p, ledger in lost["mirror"].items()}
+            started = lost.get("started", 0)  # absent (an older record): no empty ledger proves anything
+            started = started if type(started) is int else 0
             if not re.fullmatch(r"[0-9a-f]{1,64}", str(lost["lineage"])):
                 raise CheckpointError(f"its lineage {str(lost['lineage'])[:80]!r} is not a hex token")
         except UNREADABLE + (CheckpointError,) as exc:  # deleting it would drop that round from the mirror
@@ -406,7 +410,8 @@ class Checkpointer:
             raise CheckpointError(f"{self.inflight_path} names partitions {unknown}, which this run does not "
                                   f"have; {AFRESH}")
         spared = [p for p, ledger in ledgers.items()
-                  if not_charged(self._tails.get(p), str(lost["lineage"]), mirror.ledgers[p].entries, ledger.entries)]
+                  if not_charged(self._tails.get(p), str(lost["lineage"]), mirror.ledgers[p].entries, ledger.entries,
+                                 started)]
         for p, ledger in ledgers.items():
             if p not in spared:
                 mirror.record(p, list(ledger.entries))

@@ -12,10 +12,11 @@ holds of its last round (`client.privacy.report_and_fence`), and fences off the
 dead server start's instructions, so the report stays true. The resume then
 counts the lost round for a partition unless its report proves the round was not
 charged: the node's ledger belongs to this run (its lineage, or, empty and bound
-to no start, the fence an earlier start's enrollment left beside it) and holds,
+to no start, the fence the dead start's own enrollment left beside it) and holds,
 for that round, exactly what the checkpoint's mirror holds already. Anything else
-(no report, another lineage, a malformed or unexpected one, an empty ledger with
-no fence: its state-dir was deleted or moved) counts the round, as before.
+(no report, another lineage, a malformed or unexpected one, an empty ledger fenced
+by no start or another one: its state-dir was deleted or moved since) counts the
+round, as before.
 
 Trust: the report concerns the node's own privacy, and the node's own ledger
 enforces its budget whatever it reports; a node that understates its charges
@@ -38,17 +39,17 @@ def empty_but_counted(tail: LedgerTail | None, known: Sequence[LedgerEntry]) -> 
     """A node reports an empty ledger bound to no start while the checkpoint's mirror counts entries for its
     partition (either it never received an instruction, or its ledger moved), or one no earlier start
     fenced (it moved, or was deleted): its own ledger may no longer enforce its budget."""
-    return tail is not None and not tail.lineage and tail.last_round == -1 and (bool(known) or not tail.fenced)
+    return tail is not None and not tail.lineage and tail.last_round == -1 and (bool(known) or not tail.fence_started)
 
 
 @dataclass(frozen=True)
 class LedgerTail:
     """A node's report at enrollment: its ledger's lineage ("" if unbound), last round (-1: none), that
-    round's entries, and whether an earlier start's enrollment fenced it (False: never enrolled there)."""
+    round's entries, and the start time of the start whose enrollment fenced it before (0: none)."""
     lineage: str
     last_round: int
     entries: tuple[LedgerEntry, ...]
-    fenced: bool = False
+    fence_started: int = 0
 
 
 def parse_tail(info: Mapping) -> LedgerTail | None:
@@ -65,21 +66,23 @@ def parse_tail(info: Mapping) -> LedgerTail | None:
         return None
     if last < -1 or any(e.round != last for e in parsed) or (last == -1) != (not parsed):
         return None
-    fenced = info.get("ledger-fenced", 0)  # absent (an older node): not known to be fenced
-    return LedgerTail(lineage, last, parsed, fenced=fenced is not True and fenced == 1)
+    fenced = info.get("ledger-fence-started", 0)  # absent (an older node): fenced by no known start
+    return LedgerTail(lineage, last, parsed, fence_started=fenced if type(fenced) is int and fenced > 0 else 0)
 
 
 def not_charged(tail: LedgerTail | None, lineage: str, known: Sequence[LedgerEntry],
-                lost: Sequence[LedgerEntry]) -> bool:
+                lost: Sequence[LedgerEntry], started: int = 0) -> bool:
     """Whether `tail` proves that its node did not charge `lost` (the interrupted round's planned entries),
-    given `known`, the entries the checkpoint's mirror holds for the node."""
+    given `known`, the entries the checkpoint's mirror holds for the node, and `started`, when the start
+    that lost the round enrolled (0: unknown)."""
     rounds = {e.round for e in lost}
     if tail is None or not lost or len(rounds) != 1 or None in rounds:
         return False
     (lost_round,) = rounds
-    if tail.lineage != lineage and (tail.lineage or tail.last_round != -1 or known or not tail.fenced):
+    if tail.lineage != lineage and (tail.lineage or tail.last_round != -1 or known
+                                    or not started or tail.fence_started != started):
         # another start's ledger, entries bound to no start, not the ledger that charged `known`, or an empty
-        # one no start enrolled (deleted or moved: the one the lost round reached may have charged it)
+        # one the lost round's start did not enroll (deleted or moved since: the one it reached may have charged)
         return False
     if tail.last_round > lost_round:
         return False  # a later round than any the server sent: cannot tell

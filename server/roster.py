@@ -31,6 +31,7 @@ class Roster:
     num_examples: dict[int, int]  # partition id -> training examples
     # partition id -> what its ledger holds of its last round (resumable private runs; server/lost_round.py)
     ledger_tails: dict[int, LedgerTail] = field(default_factory=dict)
+    enrolled_at: int = 0  # this start's SERVER_STARTED (ns): the fence it leaves on the nodes' ledgers
 
     @property
     def partitions(self) -> list[int]:
@@ -96,7 +97,8 @@ def enroll(grid: Grid, expected: int, timeout: float, log=print, sizes: Sequence
     weights and the privacy accounting depend on the roster."""
     nodes = wait_for_nodes(grid, expected, timeout, log)
     # the time orders this start's enrollment after earlier starts' (a node's fence, client/privacy.py)
-    ask = ConfigRecord({SERVER_STARTED: time.time_ns()})
+    started = time.time_ns()
+    ask = ConfigRecord({SERVER_STARTED: started})
     asks = [Message(RecordDict({CONFIG: ask}), dst_node_id=n, message_type="query.enroll") for n in nodes]
     node_of, sizes_of, tails, problems = {}, {}, {}, []
     for reply in grid.send_and_receive(asks, timeout=timeout):
@@ -123,4 +125,4 @@ def enroll(grid: Grid, expected: int, timeout: float, log=print, sizes: Sequence
         problems.append(f"partitions {missing} not enrolled" + ("" if problems else " (no reply)"))
     if problems:
         raise FederationError("enrollment failed: " + "; ".join(problems))
-    return Roster(node_of, sizes_of, tails)
+    return Roster(node_of, sizes_of, tails, started)

@@ -238,7 +238,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
     writer = ResultsWriter(run_dir.parent, run_dir.name)
     initial_loss, initial_accuracy = evaluate(model, x_test, y_test, device)
     # (None, 1) unless resuming; the ledger reports tell which clients a lost round never reached
-    resumed, first_round = checkpointer.resume(strategy, mirror, writer, arrays, roster.ledger_tails)
+    resumed, first_round = checkpointer.resume(strategy, mirror, writer, arrays, roster.ledger_tails,
+                                               roster.enrolled_at)
     if resumed is None:
         writer.reset()
     # ALI-DPFL's t follows the mirror, which counts a lost round (a resume, or a restart after round 1 was lost)

@@ -342,7 +342,9 @@ def test_ctrl_c_during_privfed_run_is_one_line_and_keeps_the_rounds(tmp_path):
     run_dir = tmp_path / "r" / "x"
     proc = subprocess.Popen([sys.executable, "-m", "cli.main", "run", "default", "--set", "num-rounds=100000",
                              "--set", "run-name=x", "--results-dir", str(tmp_path / "r")],
-                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # SIGINT at its default, as on a terminal (a background job inherits it ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -102,10 +102,12 @@ def test_a_report_proves_no_charge_only_for_this_lineage_and_the_same_entries():
     assert not not_charged(LedgerTail("ffff", 4, tuple(earlier)), LINEAGE, earlier, lost)  # another start's
     assert not not_charged(None, LINEAGE, earlier, lost)  # no report (an older ClientApp): counted
     assert not not_charged(LedgerTail(LINEAGE, 6, (steps(1, 6),)), LINEAGE, earlier, lost)  # a round never sent
-    # round 1 of a fresh start never left: the empty ledger the dead start's enrollment fenced proves it
-    assert not_charged(LedgerTail("", -1, (), fenced=True), LINEAGE, [], [steps(3, 1)])
-    # one no start enrolled was deleted or moved since: the one the round reached may have charged it
-    assert not not_charged(LedgerTail("", -1, ()), LINEAGE, [], [steps(3, 1)])
+    # round 1 of a fresh start never left: the empty ledger the dead start's own enrollment fenced proves it
+    assert not_charged(LedgerTail("", -1, (), fence_started=5), LINEAGE, [], [steps(3, 1)], started=5)
+    # one no start, or another start, fenced was deleted or moved since: the one the round reached may have charged
+    assert not not_charged(LedgerTail("", -1, ()), LINEAGE, [], [steps(3, 1)], started=5)
+    assert not not_charged(LedgerTail("", -1, (), fence_started=6), LINEAGE, [], [steps(3, 1)], started=5)
+    assert not not_charged(LedgerTail("", -1, (), fence_started=5), LINEAGE, [], [steps(3, 1)])  # an older record
     assert not not_charged(LedgerTail("", 1, (steps(3, 1),)), LINEAGE, [], [steps(3, 1)])  # unbound entries
     # round 5 charged once before (a first lost round, counted), its re-sending lost again: one charge held
     assert not_charged(LedgerTail(LINEAGE, 5, tuple(lost)), LINEAGE, [*earlier, *lost], lost)
@@ -133,7 +135,8 @@ def test_the_report_round_trips_and_fences_off_the_dead_server_start(tmp_path):
     missing = tmp_path / "partition-1.ledger.json"
     assert parse_tail(report_and_fence(missing, server_run=8)) == LedgerTail("", -1, ())
     assert not missing.exists()  # reported empty, not created
-    assert parse_tail(report_and_fence(missing, server_run=9)) == LedgerTail("", -1, (), fenced=True)  # 8's fence
+    assert parse_tail(report_and_fence(missing, server_run=9, started=11)) == LedgerTail("", -1, ())  # 8's: no time
+    assert parse_tail(report_and_fence(missing, server_run=10, started=12)) == LedgerTail("", -1, (), fence_started=11)
     ledger = PrivacyLedger.open(tmp_path / "partition-0.ledger.json", owner="partition-0")
     charge(ledger, BUDGET, [steps(2, 1)], server_run=7)  # no fence yet: any run charges
     charge(ledger, BUDGET, [steps(3, 2)], server_run=7)

@@ -2,10 +2,11 @@
 session 17)."""
 
 import shutil
+import time
 
 import pytest
 
-from client.privacy import ledger_path
+from client.privacy import ledger_path, report_and_fence
 from common.checkpoint_file import CheckpointError
 from common.privacy.events import dpsgd_steps
 from common.privacy.ledger import PrivacyLedger
@@ -135,3 +136,22 @@ def test_a_lost_round_is_counted_after_an_allowed_results_dir_change(tmp_path):
     mirrored = ckpt.mirror_steps(resumed)
     short = {p: (mirrored.get(p, 0), total[p]) for p in range(4) if mirrored.get(p, 0) < total[p]}
     assert not short, short  # measured: {1: (2, 4)}
+
+
+def test_an_intermediate_start_enrollment_does_not_prove_a_deleted_ledger_uncharged(tmp_path):
+    """(review of this session's diff) A report that *some* earlier enrollment wrote the fence file (the first
+    fix: `ledger-fenced`) does not say that it fenced the ledger the lost round reached. Round 1 is charged and released by
+    every client, the server dies before its first checkpoint, and the nodes' state-dir is deleted. A restart
+    whose enrollment runs and then fails (here: the enrollment only, as when another node does not enroll and
+    roster.enroll raises FederationError) re-creates the fence beside the missing ledger. The next restart
+    then reported "fenced" with an empty unbound ledger, and `not_charged` (server/lost_round.py)
+    spares round 1 again: the mirror counts 3 rounds where 4 were released (measured: 6 steps, not 8),
+    exactly the under-count the first fix meant to close. The report now names the start that fenced it."""
+    cfg = ckpt.resumable(tmp_path)
+    ckpt.run(cfg, 1, die_after=1, after_replies=True)
+    assert [ckpt.client_steps(cfg, p) for p in range(3)] == [ckpt.STEPS] * 3
+    shutil.rmtree(tmp_path / "state")
+    for p in range(3):  # the enrollment of a restart (Flower run 2) that failed before its resume
+        report_and_fence(ledger_path(cfg, {}, 2, p), 2, time.time_ns())
+    resumed = ckpt.run(cfg, 3)
+    assert ckpt.mirror_steps(resumed) == {p: 4 * ckpt.STEPS for p in range(3)}  # measured: {0: 6, 1: 6, 2: 6}

@@ -118,3 +118,18 @@ def test_type_malformed_messages_raise_protocol_errors(case):
     with pytest.raises(ProtocolError):
         call()
     assert server.phase in (Phase.COLLECTING, Phase.REVEALING)  # state unchanged
+
+
+def test_a_secagg_message_with_numpy_integer_ids_is_not_malformed():
+    """`check_u64` (common/secagg/keys.py), which the protocol uses for every id, takes numpy integers, and
+    before this session's field checks `SecAggServer.enroll` accepted EnrollRequest(run, np.int64(node), key). The new field
+    check (`_is_int` in common/secagg/messages.py) accepts only Python ints, so the same request is now a
+    MalformedMessageError ("EnrollRequest.node_id must be an int, got int64"): a legitimate caller that took
+    node ids from a numpy array is refused as hostile. `_is_int` should accept numpy integers
+    (operator.index, as check_u64 does), or the messages convert."""
+    from common.secagg.messages import EnrollRequest
+    from common.secagg.protocol import SecAggClient, SecAggServer
+
+    server, client = SecAggServer(7), SecAggClient(7, 3)
+    server.enroll(EnrollRequest(7, np.int64(3), client.public_key))  # measured: MalformedMessageError
+    assert 3 in server.enrolled

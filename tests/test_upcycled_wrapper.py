@@ -316,17 +316,15 @@ def test_a_lambda_schedule_with_mu_zero_is_refused_not_silently_vanilla():
 
 
 def test_fedprox_theta_m_takes_its_proximal_mu():
-    """theta_m = mu/(mu+lambda_m) with the paper's mu, the odd rounds' proximal one: FedProx's prox-mu. It used
-    upcycled-mu (default 0.5) whatever FedProx's mu, silently another schedule than the paper's."""
-    from common.config import ConfigError, upcycled_mu, validate
+    """theta_m = mu/(mu+lambda_m) with the paper's mu, the odd rounds' proximal one: under FedProx upcycled-mu
+    must be its prox-mu (it was upcycled-mu, default 0.5, whatever FedProx's mu: another schedule than the
+    paper's, silently)."""
+    from common.config import ConfigError, validate
 
-    prox = validate({"strategy": "fedprox", "prox-mu": 0.1, "upcycled": True, "upcycled-lambda": 0.1})
-    assert upcycled_mu(prox) == 0.1
-    with pytest.raises(ConfigError, match="upcycled-mu = 0.9 is read only with upcycled = true, upcycled-lambda > 0 "
-                                          "and a strategy other than 'fedprox'"):
-        validate({"strategy": "fedprox", "upcycled": True, "upcycled-lambda": 0.1, "upcycled-mu": 0.9})
-    with pytest.raises(ConfigError, match="prox-mu = 0 makes theta_m"):
-        validate({"strategy": "fedprox", "prox-mu": 0.0, "upcycled": True, "upcycled-lambda": 0.1})
+    assert validate({"strategy": "fedprox", "prox-mu": 0.1, "upcycled": True, "upcycled-lambda": 0.1,
+                     "upcycled-mu": 0.1})
+    with pytest.raises(ConfigError, match=r"set upcycled-mu = prox-mu \(0.1\)"):
+        validate({"strategy": "fedprox", "prox-mu": 0.1, "upcycled": True, "upcycled-lambda": 0.1})
 
 
 @pytest.mark.parametrize("config,key", [

@@ -27,6 +27,7 @@ the vector's contents; it is what the tag authenticates (with the vector).
 from __future__ import annotations
 
 import hashlib
+import numbers
 import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
@@ -58,7 +59,7 @@ def _ids(values: Any, name: str) -> tuple[int, ...]:
 
 
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)  # numpy's integers too (check_u64 takes them)
 
 
 _FIELD_KINDS: dict[str, tuple[str, Any]] = {  # each message field: (what it must be, the check)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from common.config import ConfigError, RunConfig, upcycled_mu
+from common.config import ConfigError, RunConfig
 from server.roster import Roster
 
 
@@ -89,7 +89,7 @@ def build_strategy(config: RunConfig, roster: Roster, log=print):
     if config["upcycled"]:
         from server.strategies.upcycled import Upcycled, theta_schedule
 
-        theta = theta_schedule(float(config["upcycled-theta"]), upcycled_mu(config),
+        theta = theta_schedule(float(config["upcycled-theta"]), float(config["upcycled-mu"]),
                                float(config["upcycled-lambda"]), float(config["upcycled-lambda-growth"]))
         strategy = Upcycled(strategy, theta, log)
     return strategy
