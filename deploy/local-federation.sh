@@ -172,8 +172,10 @@ do_start() {
     trap '[[ $started_ok == 1 ]] || { echo "local-federation: start failed; stopping what it started" >&2; do_stop; }' EXIT
     trap 'exit 130' INT TERM
 
+    local dd_args=()  # the ServerApp loads the federation and its test set too
+    [[ -n "$data_dir" ]] && dd_args=(--data-dir "$data_dir")
     setsid "$here/start-superlink.sh" --certs "$certs" --host 127.0.0.1 --port "$port" \
-        --flwr-home "$run_dir/superlink" --workdir "$workdir" \
+        --flwr-home "$run_dir/superlink" --workdir "$workdir" "${dd_args[@]+"${dd_args[@]}"}" \
         >"$run_dir/superlink.log" 2>&1 </dev/null &
     echo "superlink $!" >>"$pids_file"
     local sl_pid=$!
@@ -212,8 +214,6 @@ do_start() {
         done
     done
 
-    local dd_args=()
-    [[ -n "$data_dir" ]] && dd_args=(--data-dir "$data_dir")
     for ((i = 1; i <= num; i++)); do
         setsid "$here/start-supernode.sh" --superlink "127.0.0.1:$port" \
             --partition-id $((i - 1)) --num-partitions "$num" \

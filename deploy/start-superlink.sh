@@ -4,7 +4,7 @@
 #
 #   deploy/start-superlink.sh [--certs DIR] [--host HOST] [--port PORT]
 #                             [--flwr-home DIR] [--database FILE] [--workdir DIR]
-#                             [--log-file FILE] [--insecure]
+#                             [--log-file FILE] [--data-dir DIR] [--insecure]
 #
 #   --certs DIR      folder written by deploy/make-certs.sh (default: deploy/certs);
 #                    uses ca.crt, server.pem, server.key
@@ -23,6 +23,10 @@
 #   --workdir DIR    working directory of the SuperLink, and hence of the ServerApp
 #                    processes it spawns: relative run-config paths such as
 #                    results-dir=results resolve against it (default: current dir)
+#   --data-dir DIR   the data folder of the ServerApp processes, which load the
+#                    federation and the test set they evaluate on (exported as
+#                    PRIVFED_DATA_DIR; default: the caller's PRIVFED_DATA_DIR, else
+#                    <workdir>/data)
 #   --insecure       plain HTTP and no node authentication (debugging only)
 #
 # Flower's own environment switches are set for offline use: no update check,
@@ -38,6 +42,7 @@ flwr_home="${XDG_STATE_HOME:-$HOME/.local/state}/privfed/superlink"
 database=""
 workdir="$PWD"
 log_file=""
+data_dir=""
 insecure=0
 
 while [[ $# -gt 0 ]]; do
@@ -49,6 +54,7 @@ while [[ $# -gt 0 ]]; do
         --database) database="$2"; shift 2 ;;
         --workdir) workdir="$2"; shift 2 ;;
         --log-file) log_file="$2"; shift 2 ;;
+        --data-dir) data_dir="$2"; shift 2 ;;
         --insecure) insecure=1; shift ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "start-superlink.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
@@ -67,6 +73,10 @@ flwr_home="$(cd "$flwr_home" && pwd)"
 # caller's directory, not to --workdir: make them absolute before the `cd` below.
 case "$database" in /*|:*) ;; *) database="$PWD/$database" ;; esac
 [[ -z "$log_file" || "$log_file" == /* ]] || log_file="$PWD/$log_file"
+if [[ -n "$data_dir" ]]; then
+    [[ -d "$data_dir" ]] || { echo "start-superlink.sh: --data-dir $data_dir is not a folder" >&2; exit 2; }
+    export PRIVFED_DATA_DIR="$(cd "$data_dir" && pwd)"
+fi
 export FLWR_HOME="$flwr_home"
 export FLWR_DISABLE_UPDATE_CHECK=1 FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 
@@ -75,6 +85,7 @@ args=(--host "$host" --port "$port" --database "$database" --disable-runtime-dep
 if [[ $insecure == 1 ]]; then
     args+=(--insecure)
 else
+    [[ -d "$certs" ]] || { echo "start-superlink.sh: --certs $certs is not a folder; run deploy/make-certs.sh" >&2; exit 1; }
     certs="$(cd "$certs" && pwd)"
     for f in ca.crt server.pem server.key; do
         [[ -s "$certs/$f" ]] || { echo "start-superlink.sh: $certs/$f missing; run deploy/make-certs.sh" >&2; exit 1; }

@@ -74,8 +74,9 @@ done
 
 die() { echo "start-supernode.sh: $*" >&2; exit 2; }
 [[ -n "$superlink" ]] || die "--superlink HOST:PORT is required"
-[[ "$partition_id" =~ ^[0-9]+$ ]] || die "--partition-id must be an integer >= 0"
-[[ "$num_partitions" =~ ^[0-9]+$ && "$num_partitions" -ge 1 ]] || die "--num-partitions must be an integer >= 1"
+# no leading zeros: bash reads 08 as octal, Flower's node-config parser refuses 07
+[[ "$partition_id" =~ ^(0|[1-9][0-9]*)$ ]] || die "--partition-id must be an integer >= 0 (no leading zeros)"
+[[ "$num_partitions" =~ ^[1-9][0-9]*$ ]] || die "--num-partitions must be an integer >= 1 (no leading zeros)"
 (( partition_id < num_partitions )) || die "--partition-id $partition_id is not below --num-partitions $num_partitions"
 [[ "$isolation" == subprocess || "$isolation" == process ]] || die "--isolation is subprocess or process"
 command -v flower-supernode >/dev/null || {
@@ -101,6 +102,10 @@ fi
 for name in partition-id num-partitions state-dir data-dir; do  # Flower's parser would fail on a repeat, obscurely
     [[ " $extra_config" =~ [[:space:]]$name= ]] && die "--node-config sets $name, which has its own option (--$name)"
 done
+entries='^[[:space:]]*([A-Za-z0-9_.-]+=("[^"]*"|[^[:space:]"]+)[[:space:]]*)+$'
+# Flower drops a token without '=' silently: 'max-epsilon 2' would start a node with no privacy cap
+[[ -z "$extra_config" || "$extra_config" =~ $entries ]] \
+    || die "--node-config '$extra_config': every entry must be key=value (e.g. max-epsilon=2), quoted values without quotes inside"
 [[ -n "$extra_config" ]] && node_config+=" $extra_config"
 
 export FLWR_HOME="$flwr_home"

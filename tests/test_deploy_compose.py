@@ -480,3 +480,15 @@ def test_readme_states_the_supernode_flwr_home_default():
     script = (DEPLOY / "start-supernode.sh").read_text()
     assert 'privfed/supernode-$partition_id"' in script
     assert "privfed/supernode-<partition-id>`" in (DEPLOY / "README.md").read_text()
+
+
+def test_the_serverapp_superexec_mounts_the_data_it_evaluates_on():
+    """(review, session 21) The ServerApp loads the federation and the test set itself (server/runner.py), from
+    /app/data in its container: that superexec mounted only `results`, so every file-based dataset failed with
+    DataFileMissing before round 1."""
+    for name, cfg in _configs().items():
+        svcs = services(cfg)
+        exe = next(e for e, s in svcs.items() if _role(s) == "superexec"
+                   and flag(s["command"], "--runtime-api-address").startswith("superlink:"))
+        mounts = {interpolate(str(v)).split(":")[1]: interpolate(str(v)) for v in svcs[exe].get("volumes", [])}
+        assert "/app/data" in mounts and mounts["/app/data"].endswith(":ro"), f"[{name}] {exe}: {sorted(mounts)}"

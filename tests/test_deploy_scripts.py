@@ -271,3 +271,81 @@ def test_start_supernode_passes_its_key_and_node_config_to_flower(tmp_path):
     assert args[args.index("--auth-supernode-private-key") + 1] == str(key)
     assert args[args.index("--root-certificates") + 1] == str(ca)
     assert args[args.index("--node-config") + 1].endswith(" max-epsilon=2")
+
+
+# --- an adversarial review, session 21: each test failed on the code it reviewed ----------------------------
+# (fake Flower executables first on PATH record what they got and exit: no real SuperLink/SuperNode)
+
+
+def _fake_exe(bin_dir: Path, name: str, body: str) -> None:
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / name).write_text("#!/usr/bin/env bash\n" + body)
+    (bin_dir / name).chmod(0o755)
+
+
+def _fake_env(tmp_path: Path, fake: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PRIVFED_DATA_DIR"}
+    env.update(HOME=str(tmp_path), FLWR_HOME=str(tmp_path / "flwr-cli"),
+               PATH=f"{fake}{os.pathsep}{BIN}{os.pathsep}{os.environ['PATH']}",
+               FLWR_DISABLE_UPDATE_CHECK="1", FLWR_TELEMETRY_ENABLED="0")
+    return env
+
+
+# --- local-federation.sh ------------------------------------------------------------------------
+
+
+def test_local_federation_data_dir_reaches_the_serverapp(tmp_path):
+    """`local-federation.sh start --data-dir DIR` passes DIR only to the SuperNodes; the SuperLink (whose
+    ServerApp subprocesses load the same federation and test set) gets neither a data-dir nor
+    PRIVFED_DATA_DIR. Observed with the real runtime (2 nodes, TLS, --data-dir /work/shared/data,
+    `flwr run . <conn> --run-config 'num-clients=2 num-rounds=1 dataset="mnist"'`): the ServerApp died with
+    DataFileMissing: "... not found in folder '<workdir>/data/mnist'", exit code 201. Here a fake
+    flower-superlink records the environment it was started with."""
+    fake, data = tmp_path / "bin", tmp_path / "data"
+    data.mkdir()
+    seen = tmp_path / "superlink.env"
+    _fake_exe(fake, "flower-superlink", f'echo "PRIVFED_DATA_DIR=${{PRIVFED_DATA_DIR:-}}" >"{seen}"\necho "$@" >>"{seen}"\nexit 1\n')
+    env = _fake_env(tmp_path, fake)
+    r = subprocess.run([str(DEPLOY / "local-federation.sh"), "start", "-n", "1", "--port", str(_free_port()),
+                        "--node-port-base", str(_free_port()), "--run-dir", str(tmp_path / "run"),
+                        "--certs", str(tmp_path / "certs"), "--workdir", str(tmp_path), "--wait", "3",
+                        "--data-dir", str(data)], env=env, capture_output=True, text=True, timeout=60)
+    assert seen.exists(), r.stdout + r.stderr
+    recorded = seen.read_text()
+    assert f"PRIVFED_DATA_DIR={data}\n" in recorded or str(data) in recorded.splitlines()[1], (
+        f"the SuperLink (and so the ServerApp) was started without the federation's data dir:\n{recorded}")
+
+
+# --- start-supernode.sh -------------------------------------------------------------------------
+
+
+def _start_supernode(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    fake = tmp_path / "bin"
+    _fake_exe(fake, "flower-supernode", 'printf "%s\\n" "$@"\n')
+    return subprocess.run([str(DEPLOY / "start-supernode.sh"), "--superlink", "127.0.0.1:1", "--insecure",
+                           "--state-dir", str(tmp_path / "s"), "--flwr-home", str(tmp_path / "h"), *extra],
+                          env=_fake_env(tmp_path, fake), capture_output=True, text=True, timeout=30)
+
+
+def test_start_supernode_refuses_a_node_config_entry_flower_would_drop(tmp_path):
+    """`--node-config 'max-epsilon 2'` (a typo for max-epsilon=2, the data owner's privacy cap) is passed on
+    verbatim, and Flower's parse_config_args silently drops a token without '=': the node then runs with
+    no cap at all, while the script prints 'node config: ... max-epsilon 2' as if it applied. A privacy
+    setting that vanishes must stop the start, not half-start the node."""
+    from flwr.common.config import parse_config_args
+
+    assert "max-epsilon" not in parse_config_args(["partition-id=0 max-epsilon 2"])  # what Flower does with it
+    r = _start_supernode(tmp_path, "--partition-id", "0", "--num-partitions", "2", "--node-config", "max-epsilon 2")
+    assert r.returncode == 2, (f"started (rc {r.returncode}) with a node config Flower drops silently; "
+                               f"flower-supernode got: {r.stdout.split()[-3:]}")
+
+
+def test_start_supernode_refuses_a_partition_id_with_a_leading_zero(tmp_path):
+    """`--partition-id 07` passes the script's ^[0-9]+$ check and is exec'd as partition-id=07, which Flower's
+    node-config parser rejects with a traceback ('invalid format'); `--partition-id 08` is refused with
+    the false reason '08 is not below --num-partitions 10' after bash's octal error. The script should
+    refuse both itself, naming the option."""
+    r = _start_supernode(tmp_path, "--partition-id", "07", "--num-partitions", "9")
+    assert r.returncode == 2 and "--partition-id" in r.stderr, (r.returncode, r.stdout, r.stderr)
+    r = _start_supernode(tmp_path, "--partition-id", "08", "--num-partitions", "10")
+    assert "is not below" not in r.stderr, r.stderr
