@@ -3,11 +3,15 @@ malformed released arrays."""
 
 from __future__ import annotations
 
+import warnings
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 from common.config import ConfigError, validate
-from common.data import clear_cache, load_federation, partition
+from common.data import clear_cache, generate_synthetic, load_federation, load_released, partition
+from common.data.errors import DataFileCorrupt
 from tests.conftest import data_dir_or_skip
 
 
@@ -142,3 +146,54 @@ def test_synthetic_federations_refuse_a_label_skew_partition_they_would_ignore(d
             assert fed.meta.get("partition") == how, (
                 f"{dataset}: validate accepted partition = {how!r} but the federation was split "
                 f"{fed.meta.get('partition', 'by its generator')!r}")
+
+
+# --- an adversarial review, session 21: each test failed on the code it reviewed ----------------------------
+def _write_released(data_dir: Path, **change) -> Path:
+    rng = np.random.default_rng(0)
+    owner_tr, owner_te = np.repeat(np.arange(30), 3), np.arange(30)
+    arrays = {"x_train": rng.normal(size=(90, 20)), "y_train": rng.integers(0, 2, 90), "client_train": owner_tr,
+              "x_test": rng.normal(size=(30, 20)), "y_test": rng.integers(0, 2, 30), "client_test": owner_te}
+    arrays.update(change)
+    folder = data_dir / "fedprox-synthetic"
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / "syn_iid.npz", **arrays)
+    return folder / "syn_iid.npz"
+
+
+@pytest.mark.parametrize("kind", ["text", "complex"])
+def test_released_non_real_feature_dtype_is_refused_as_damaged(tmp_path, kind):
+    """released.py promises 'anything else raises DataFileCorrupt' (naming the file); a non-numeric
+    x_train escapes as a bare numpy ValueError ("could not convert string to float"), and complex
+    features load silently with their imaginary parts dropped (a silently different dataset)."""
+    x = np.random.default_rng(1).normal(size=(90, 20))
+    x_bad = np.full(x.shape, "abc") if kind == "text" else x + 1j
+    path = _write_released(tmp_path, x_train=x_bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataFileCorrupt) as info:
+            load_released("syn-iid", tmp_path)
+    assert str(path) in str(info.value)
+
+
+def test_synthetic_generator_refuses_non_finite_alpha_or_beta():
+    """generate_synthetic's _check says alpha and beta must be >= 0 but lets inf through: beta = inf
+    returns all -inf/+inf features, alpha = inf collapses every label to class 0 (contradicting the
+    module's own 'labels do not depend on alpha')."""
+    with pytest.raises(ValueError):
+        generate_synthetic(3, dim=5, classes=3, alpha=0.0, beta=float("inf"), seed=1)
+    with pytest.raises(ValueError):
+        generate_synthetic(3, dim=5, classes=3, alpha=float("inf"), beta=0.0, seed=1)
+
+
+def test_impossible_dirichlet_split_names_only_settings_a_user_can_change():
+    """Through a run config, an impossible Dirichlet split tells the user to use 'a smaller min_size',
+    which is no config key (min_size is fixed at 10 in _build): the one-line error names a fix that
+    cannot be applied."""
+    config = {"dataset": "adult", "partition": "dirichlet", "dirichlet-alpha": 0.01, "num-clients": 100,
+              "seed": 0, "data-dir": str(data_dir_or_skip("adult", "adult.data"))}
+    with pytest.raises(ValueError) as info:
+        load_federation(config)
+    msg = str(info.value)
+    assert "dirichlet-alpha" in msg
+    assert "min_size" not in msg

@@ -388,3 +388,47 @@ def test_a_node_secure_aggregation_excludes_does_not_push_hu_clients_past_their_
     assert drawn[0] == 0 and {p: drawn[p] for p in range(1, 10)} == {p: hu.schedule[p] for p in range(1, 10)}
     spent = {p: zcdp_epsilon(n * hu.round_rho(p), hu.delta) for p, n in drawn.items()}
     assert max(spent.values()) <= 2.0 + 1e-9, spent
+
+
+# --- an adversarial review, session 21: each test failed on the code it reviewed ----------------------------
+def _hu_paper_secagg(**kw):
+    return _hu_config(**{"hu-accountant": "paper", "secure-aggregation": True, "secagg-min-survivors": 10, **kw})
+
+
+def test_small_target_epsilon_calibration_stays_within_the_target_and_the_client_accepts_it(tmp_path):
+    """calibrate_sigma promises 'rounding never puts epsilon past the target', but
+    zcdp_rho_for_epsilon computes (sqrt(L + eps) - sqrt(L))^2 with catastrophic cancellation: at
+    target-epsilon = 1e-8 (a value validate() accepts) the calibrated sigma spends 6.0e-8 relative past
+    the target, beyond the client's 1e-9 tolerance, so the device drawn most often is refused (BudgetExhausted)
+    at its last scheduled participation, although the server calibrated sigma for exactly that schedule."""
+    eps = 1e-8
+    server = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None, config=_hu_paper_secagg(**{"target-epsilon": eps}))
+    assert server.planned_epsilon() <= eps  # observed 1.0000000602546747e-08
+
+    config = validate({"strategy": "dpfedavg-hu", "num-clients": 4, "batch-size": 4, "target-epsilon": eps,
+                       "target-delta": 1e-4, "hu-accountant": "conservative", "hu-local-steps": 2,
+                       "results-dir": str(tmp_path)})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3, 2))
+    client = SimpleNamespace(config=config, model=model, x=torch.randn(12, 3), y=torch.randint(0, 2, (12,)),
+                             num_train=12, partition=0, ledger=PrivacyLedger(path=tmp_path / "l.json"), run_id=0)
+    sigma = calibrate_sigma("conservative", eps, 1e-4, 3, local_steps=2, clip=1.0, dataset_size=12, batch_size=4)
+    content = RecordDict({"arrays": model_to_arrays(model), "config": ConfigRecord({
+        "server-round": 1, "hu-sigma": sigma, "hu-local-steps": 2, "hu-clip": 1.0, "hu-accountant": "conservative"})})
+    for t in (1, 2, 3):  # exactly the 3 participations sigma was calibrated for
+        content["config"]["server-round"] = t
+        hu_update(client, content, RecordDict())  # the 3rd raises BudgetExhausted on the reviewed code
+    assert len(client.ledger.entries) == 3
+
+
+def test_tiny_target_epsilon_is_a_clear_error_not_a_zero_division():
+    """target-epsilon = 1e-17 passes validate() (a finite float >= 0), then the server's calibration
+    divides by rho* = (sqrt(L + 1e-17) - sqrt(L))^2 == 0.0 and dies with a bare ZeroDivisionError
+    ('float division by zero'), naming no key."""
+    config = _hu_paper_secagg(**{"target-epsilon": 1e-17})
+    try:
+        server = DpFedAvgHu(_roster(), 0, 0.625, lambda _: None, config=config)
+    except ValueError as exc:  # a refusal is fine if it says which setting (ConfigError is a ValueError)
+        assert "epsilon" in str(exc)
+    else:  # or a cancellation-free rho* calibrates it, within the target
+        assert 0 < server.sigma < float("inf") and server.planned_epsilon() <= 1e-17

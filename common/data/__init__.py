@@ -12,6 +12,8 @@ Dispatch on `config["dataset"]`:
   `dirichlet-alpha`, "classes" with `classes-per-client`), with
   `np.random.default_rng(seed)`; the pooled test set is the dataset's test
   split and every client's own test split is empty.
+- "adult" with `adult-split = "hu-devices"`: Hu et al.'s IID devices (3052 rows each)
+  (`adult_devices.py`), each with its own train / validation / test split.
 
 Files are read from `common.config.resolve_data_dir(config)`; a missing one
 raises `DataFileMissing`. Nothing here downloads (see `download.py`).

@@ -111,7 +111,7 @@ def dirichlet(
     raise PartitionError(
         f"dirichlet partition with alpha={alpha} over {num_clients} clients left some client with "
         f"fewer than {min_size} samples in each of {max_tries} draws (last smallest: {smallest}); "
-        f"use a larger dirichlet-alpha, fewer clients or a smaller min_size"
+        f"use a larger dirichlet-alpha or fewer clients (num-clients)"
     )
 
 

@@ -65,6 +65,9 @@ def load_released(name: str, data_dir: str | Path) -> Federation:
         raise bad(f"missing arrays {missing}; has {sorted(files)}")
     for part in ("train", "test"):
         x, y, owner = a[f"x_{part}"], a[f"y_{part}"], a[f"client_{part}"]
+        for key, array, kinds in ((f"x_{part}", x, "fiu"), (f"y_{part}", y, "iu"), (f"client_{part}", owner, "iu")):
+            if array.dtype.kind not in kinds:  # text would fail obscurely, complex lose its imaginary part
+                raise bad(f"{key} has dtype {array.dtype}; expected {'real numbers' if 'f' in kinds else 'integers'}")
         if x.ndim != 2 or x.shape[1] != NUM_FEATURES or y.ndim != 1 or owner.ndim != 1 \
                 or not (len(x) == len(y) == len(owner)):
             raise bad(f"{part} arrays have shapes {x.shape}, {y.shape}, {owner.shape}; "

@@ -44,6 +44,8 @@ Upcycled-FL federations have dim = 20 and 2 classes.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .federation import ClientData, Federation
@@ -56,8 +58,8 @@ def _check(num_clients: int, dim: int, classes: int, alpha: float, beta: float) 
         raise ValueError(f"dim must be >= 1, got {dim}")
     if int(classes) < 2:
         raise ValueError(f"classes must be >= 2, got {classes}")
-    if not (alpha >= 0 and beta >= 0):
-        raise ValueError(f"alpha and beta must be >= 0, got alpha={alpha}, beta={beta}")
+    if not (0 <= alpha < math.inf and 0 <= beta < math.inf):
+        raise ValueError(f"alpha and beta must be finite and >= 0, got alpha={alpha}, beta={beta}")
 
 
 def generate_synthetic(

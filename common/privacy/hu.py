@@ -57,7 +57,12 @@ def calibrate_sigma(accountant: str, epsilon: float, delta: float, participation
     if not epsilon > 0:
         raise ValueError(f"target epsilon must be positive, got {epsilon}")
     target = zcdp_rho_for_epsilon(float(epsilon), float(delta))
-    return math.sqrt(int(participations) * rho_coefficient(accountant, **kw) / target) * (1 + 1e-10)
+    if not target > 0:  # eps^2 underflows (epsilon below ~1e-154)
+        raise ValueError(f"target epsilon {epsilon:g} is too small to calibrate a noise for (rho* underflows to 0)")
+    sigma = math.sqrt(int(participations) * rho_coefficient(accountant, **kw) / target) * (1 + 1e-10)
+    if not math.isfinite(sigma):
+        raise ValueError(f"target epsilon {epsilon:g} needs an infinite noise sigma: raise target-epsilon")
+    return sigma
 
 
 SECAGG_CREDIT = ("Hu et al.'s secure-aggregation credit rho / r (heuristic: it counts the noise of all r selected "
