@@ -432,3 +432,21 @@ def test_tiny_target_epsilon_is_a_clear_error_not_a_zero_division():
         assert "epsilon" in str(exc)
     else:  # or a cancellation-free rho* calibrates it, within the target
         assert 0 < server.sigma < float("inf") and server.planned_epsilon() <= 1e-17
+
+
+def test_a_large_hu_target_epsilon_calibrates_instead_of_overflowing():
+    """(review of this session's later diff) The first cancellation-free rewrite of rho* = (sqrt(L + eps) - sqrt(L))^2 as eps**2 / (sqrt(L + eps) + sqrt(L))**2 to avoid
+    cancellation for a small eps. For eps above ~1.3e154, `eps ** 2` raises OverflowError (Python's float
+    power does not return inf), where the old formula returned rho* ~ eps. target-epsilon accepts any finite
+    number >= 0 (validate below), so a dpfedavg-hu run with target-epsilon = 1e200 (a "no real budget"
+    setting) now dies in DPFedAvgHu.__init__ with an OverflowError traceback. Measured:
+    zcdp_rho_for_epsilon(1e155, 1e-5) -> OverflowError (34, 'Numerical result out of range');
+    1e154 -> 1e154. Fix: square the ratio, (eps / (sqrt(L + eps) + sqrt(L))) ** 2."""
+    validate({"strategy": "dpfedavg-hu", "dataset": "adult", "target-epsilon": 1e200})  # a valid config
+    delta = 1e-5
+    rho = zcdp_rho_for_epsilon(1e200, delta)  # OverflowError on the reviewed code
+    assert math.isfinite(rho) and zcdp_epsilon(rho, delta) <= 1e200 * (1 + 1e-12)
+    kw = {"local_steps": 5, "clip": 1.0, "dataset_size": 3052, "batch_size": 32}
+    sigma = calibrate_sigma("conservative", 1e200, delta, 10, **kw)
+    assert 0 < sigma < math.inf
+    assert zcdp_epsilon(10 * round_rho("conservative", sigma, **kw), delta) <= 1e200

@@ -514,10 +514,10 @@ def zcdp_epsilon(rho: float, delta: float) -> float:
 
 def zcdp_rho_for_epsilon(epsilon_: float, delta: float) -> float:
     """The inverse of `zcdp_epsilon`: rho* = (sqrt(log(1/delta) + eps) - sqrt(log(1/delta)))^2, computed as
-    eps^2 / (sqrt(log(1/delta) + eps) + sqrt(log(1/delta)))^2: the difference of two close roots loses its
+    (eps / (sqrt(log(1/delta) + eps) + sqrt(log(1/delta))))^2: the difference of two close roots loses its
     digits for a small eps (at 1e-8 the calibrated epsilon overshot its target by 6e-8, relative)."""
     log_inv = math.log(1 / _check_delta(delta))
-    return epsilon_ ** 2 / (math.sqrt(log_inv + epsilon_) + math.sqrt(log_inv)) ** 2
+    return (epsilon_ / (math.sqrt(log_inv + epsilon_) + math.sqrt(log_inv))) ** 2  # the ratio: eps^2 overflows
 
 
 def upcycled_output_epsilon(noise_multipliers: Sequence[float], delta: float) -> float:
