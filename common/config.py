@@ -471,8 +471,28 @@ def _check_run_name(name: str) -> None:
                           f"255); got {len(name.encode())}")
 
 
+# the models that take images, and the image size each needs (None: any); the image datasets' sizes. Checked
+# here, before anything starts: the nodes would build the model only at enrollment (common/models.py)
+IMAGE_MODELS = {"ali-mnist-cnn": 28, "ali-cifar-cnn": 32, "fedavg-cnn": None, "convnet": None, "convnet-w32": None}
+IMAGE_SIZES = {"mnist": 28, "fashion-mnist": 28, "cifar10": 32}
+
+
+def _check_model_inputs(v: Mapping[str, Scalar]) -> None:
+    model, dataset = resolve_model_name(str(v["model"]), str(v["dataset"])), str(v["dataset"])
+    if model not in IMAGE_MODELS:
+        return  # the flat models take any input
+    size, needs = IMAGE_SIZES.get(dataset), IMAGE_MODELS[model]
+    if size is None:
+        raise ConfigError(f"model {model!r} takes images, and dataset {dataset!r} holds feature vectors: set model "
+                          "(e.g. 'logreg', or \"auto\" for the dataset's usual one)")
+    if needs is not None and needs != size:
+        raise ConfigError(f"model {model!r} takes {needs}x{needs} images, and dataset {dataset!r} holds "
+                          f"{size}x{size} ones: set model (e.g. \"auto\")")
+
+
 def _check_combinations(v: Mapping[str, Scalar]) -> None:
     _check_run_name(str(v["run-name"]))
+    _check_model_inputs(v)
     if v["dataset"].startswith("syn-") and v["num-clients"] != 30:
         raise ConfigError(
             f"dataset {v['dataset']!r} is a released federation of exactly 30 clients; "

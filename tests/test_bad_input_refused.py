@@ -59,7 +59,8 @@ def test_a_run_name_too_long_for_the_file_system_is_a_one_line_error(capsys, tmp
     assert code == 2 and _one_line(err)
 
 
-@pytest.mark.parametrize("extra", [{"dataset": "mnist"}, {"model": "convnet"}, {"model": "femnist-mlp"}])
+@pytest.mark.parametrize("extra", [{"dataset": "mnist"}, {"dataset": "mnist", "model": "convnet"},
+                                   {"model": "femnist-mlp"}])
 def test_objective_perturbation_refuses_every_non_convex_model(extra):
     """Thm 6.3 needs a convex GLM loss: 'logreg-softmax' is refused, but CNNs and MLPs (also via
     model = 'auto' on mnist) were accepted and reported an epsilon the theorem does not give."""

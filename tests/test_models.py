@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from common.config import ConfigError, validate
 from common.models import build_model, num_parameters
 
 
@@ -37,3 +38,20 @@ def test_logreg_softmax_is_logreg_then_softmax():
     softmax.load_state_dict(plain.state_dict())
     x = torch.randn(5, 20)
     assert torch.allclose(softmax(x), torch.softmax(plain(x), dim=1))
+
+
+# --- an adversarial review, session 21: each case failed on the code it reviewed
+@pytest.mark.parametrize("dataset,model", [
+    ("synthetic", "convnet"),        # 60-d vectors into an image model
+    ("adult", "ali-mnist-cnn"),      # 104-d vectors into an image model
+    ("mnist", "ali-cifar-cnn"),      # 28x28 images into Table VI's 32x32 CNN
+    ("cifar10", "ali-mnist-cnn"),    # 32x32 images into Table V's 28x28 CNN
+])
+def test_model_dataset_mismatch_is_a_config_error(dataset, model):
+    """`validate` accepts a model that cannot take the dataset's inputs. The mismatch surfaces only when
+    the nodes build the model at enrollment, as a plain ValueError: in-process as "FederationError:
+    enrollment failed: node ...: <class 'ValueError'>", under `--engine simulation` as a Ray
+    ClientAppException traceback and "flwr run failed: the ServerApp ended without results" (after ~30 s),
+    never as the one-line ConfigError every other bad combination gets before anything starts."""
+    with pytest.raises(ConfigError, match=model):
+        validate({"dataset": dataset, "model": model})
