@@ -84,3 +84,19 @@ def recorddict_nbytes(content: RecordDict) -> int:
                 values = value if isinstance(value, list) else [value]
                 total += sum(len(v) if isinstance(v, (str, bytes)) else 8 for v in values)
     return total
+
+
+# No weight, control variate or counter of a model trained here comes near this; a reply that does is an
+# overflow attack, not an update: FedYogi's v += delta^2 overflows float32 from 1.8e19, SCAFFOLD's c sums
+# deltas round after round, and a finite 1e25 would still wreck an average. (Bounding honest-looking
+# updates is Byzantine-robust aggregation, which this screen does not attempt.)
+MAX_ABS_VALUE = 1e6
+
+
+def magnitude_problem(values: np.ndarray) -> str | None:
+    """NaN, inf, or values so large that one reply would wreck the aggregate (or overflow FedYogi's v)."""
+    if values.dtype.kind == "f" and not np.isfinite(values).all():
+        return "holds NaN or inf"
+    if values.size and float(np.abs(values).max()) > MAX_ABS_VALUE:
+        return f"holds values beyond +-{MAX_ABS_VALUE:g}"
+    return None

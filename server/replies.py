@@ -13,14 +13,9 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
-from common.records import ARRAYS, METRICS, NUM_EXAMPLES
+from common.records import ARRAYS, MAX_ABS_VALUE, METRICS, NUM_EXAMPLES, magnitude_problem  # noqa: F401 (re-exported)
 
 
-# No weight, control variate or counter of a model trained here comes near this; a reply that does is an
-# overflow attack, not an update: FedYogi's v += delta^2 overflows float32 from 1.8e19, SCAFFOLD's c sums
-# deltas round after round, and a finite 1e25 would still wreck an average. (Bounding honest-looking
-# updates is Byzantine-robust aggregation, which this screen does not attempt.)
-MAX_ABS_VALUE = 1e6
 
 
 def reply_problem(msg: Message, reference: ArrayRecord, max_examples: int | None) -> str | None:
@@ -63,15 +58,6 @@ def read_payload(array) -> np.ndarray | str:
     if not isinstance(values, np.ndarray):  # np.load turns zip bytes into an NpzFile
         return "is not an array payload"
     return values
-
-
-def magnitude_problem(values: np.ndarray) -> str | None:
-    """NaN, inf, or values so large that one reply would wreck the aggregate (or overflow FedYogi's v)."""
-    if values.dtype.kind == "f" and not np.isfinite(values).all():
-        return "holds NaN or inf"
-    if values.size and float(np.abs(values).max()) > MAX_ABS_VALUE:
-        return f"holds values beyond +-{MAX_ABS_VALUE:g}"
-    return None
 
 
 def examples_problem(metric: MetricRecord, max_examples: int | None) -> str | None:

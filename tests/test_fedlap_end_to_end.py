@@ -168,3 +168,30 @@ def test_a_diverged_synthetic_set_is_not_carried_into_the_next_round(tmp_path, m
     for server_round in (1, 2):
         fedlap.fedlap_update(client_, instruction(client_.config, server_round), state)
     assert starts == [True, True] and fedlap.STATE_KEY not in state
+
+
+def test_a_set_beyond_the_servers_magnitude_screen_is_not_carried_into_the_next_round(tmp_path, monkeypatch):
+    """(review, session 21) A finite set whose values exceed the server's screen (MAX_ABS_VALUE) is dropped by
+    the server every round, exactly like a NaN set; the client must not carry it over (and, under DP, pay
+    for sending it again and again): the next round has to start from a fresh set."""
+    import client.updates.fedlap as fedlap
+    from client.node import local_client
+    from common.records import MAX_ABS_VALUE, magnitude_problem
+    from tests.test_determinism import instruction, node
+
+    starts = []
+
+    def blows_up(model, x, y, images, labels, **kw):
+        starts.append(float(images.abs().max()))
+        images.mul_(0).add_(10 * MAX_ABS_VALUE)  # finite, but far beyond what the server accepts
+        return {"match_loss": 1.0, "accesses": 0}
+
+    monkeypatch.setattr(fedlap, "synthesise", blows_up)
+    context = node(tmp_path, **{"strategy": "fedlap", "num-clients": 2, "fedlap-ipc": 1, "fedlap-dsa": False,
+                                "synthetic-dim": 5, "synthetic-classes": 3})
+    client_ = local_client(context)
+    state = RecordDict()
+    reply = fedlap.fedlap_update(client_, instruction(client_.config, 1), state)
+    assert magnitude_problem(reply[fedlap.SET_KEY]["images"].numpy())  # the server drops this reply
+    fedlap.fedlap_update(client_, instruction(client_.config, 2), state)
+    assert starts[1] <= MAX_ABS_VALUE, f"round 2 started from the dropped set (max |value| {starts[1]:g})"

@@ -51,7 +51,7 @@ from common.fedlap.matching import matching_distance
 from common.fedlap.trust import calibrate_radius, cosine_lr, param_distance
 from common.privacy.events import post_processing
 from common.privacy.plan import planned_entries
-from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays
+from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, magnitude_problem
 from common.seeding import mechanism_seed, numpy_rng, torch_generator
 
 SET_KEY = "fedlap"          # reply record holding the synthetic set
@@ -211,10 +211,10 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
             ledger.record(post_processing(round=server_round, note="FedLAP synthesis and local steps on S_k"))
     images_np = images.detach().cpu().numpy().astype(np.float32)
     labels_np = labels.cpu().numpy()
-    if np.isfinite(images_np).all():
+    if magnitude_problem(images_np) is None:
         state[STATE_KEY] = set_record(images_np, labels_np)
-    elif STATE_KEY in state:  # diverged: carried over, it would be sent (and paid for) every later round
-        del state[STATE_KEY]
+    elif STATE_KEY in state:  # diverged, or beyond the server's screen: carried over, it would be sent (and
+        del state[STATE_KEY]  # paid for) every later round and dropped every time
     metrics = {NUM_EXAMPLES: client.num_train, RADIUS: float(r_k),
                "match-loss": counts["match_loss"] if math.isfinite(counts["match_loss"]) else -1.0,
                "real-accesses": counts["accesses"]}
