@@ -32,7 +32,7 @@ from common.data import load_client  # noqa: E402
 from common.data.errors import DataFileError  # noqa: E402
 from common.privacy.ledger import PrivacyLedger  # noqa: E402
 from common.privacy.plan import planned_entries  # noqa: E402
-from server.report import read_rows, read_snapshot, run_is_finished  # noqa: E402
+from server.report import _measured, read_rows, read_snapshot, run_is_finished  # noqa: E402
 
 
 def ledgers_for(config, rows) -> dict[int, PrivacyLedger]:
@@ -70,13 +70,23 @@ def run_epsilons(run_dir: Path, delta: float) -> dict:
     if not math.isclose(max(mirror), res["rdp_max"], rel_tol=1e-6) or summary["privacy"]["delta"] != stated:
         res["mirror_note"] = f"mirror rdp max {max(mirror):.6g} at delta {summary['privacy']['delta']}"
     res["leaking_rounds"] = sum(1 for r in rows if r.get("clients"))
-    res["accuracy"], res["loss"] = float(rows[-1]["accuracy"]), float(rows[-1]["loss"])
+    # a diverged model's accuracy and loss are null (NaN): the table leaves them out of its means, and says so
+    res["accuracy"], res["loss"] = _measured(rows[-1], "accuracy"), _measured(rows[-1], "loss")
+    if diverged := summary.get("diverged"):
+        res["diverged_note"] = (f"the global model diverged in round {diverged['round']}; left out of the "
+                                "accuracy and loss means")
     return res
+
+
+def _mean(values: list[float]) -> float | None:
+    """Over the finite values (a diverged seed's NaN accuracy is left out); None if there is none."""
+    finite = [v for v in values if math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else None
 
 
 def suite_epsilons(suite_dir: Path, delta: float) -> dict[tuple[str, str], list[dict]]:
     """(row, column) -> run_epsilons of each finished seed, for every cell of the snapshot (maybe [])."""
-    return {(cell.row, cell.column): [run_epsilons(suite_dir / cell.folder / f"s{seed}", delta)
+    return {(cell.row, cell.column): [{**run_epsilons(suite_dir / cell.folder / f"s{seed}", delta), "seed": seed}
                                       for seed in cell.seeds
                                       if run_is_finished(suite_dir / cell.folder / f"s{seed}", cell, seed)]
             for cell in read_snapshot(suite_dir).cells}
@@ -108,8 +118,7 @@ def main(argv=None) -> int:
              "paper mean | paper max | ball RDP max |", "|" + "---|" * 13]
     table = []
     for (row, column), runs in cells.items():
-        mean = {k: (sum(r[k] for r in runs) / len(runs) if runs and all(k in r for r in runs) else None)
-                for k in keys}
+        mean = {k: _mean([r[k] for r in runs]) if runs and all(k in r for r in runs) else None for k in keys}
         table.append({"row": row, "column": column, "seeds": len(runs), **mean})
         f = lambda v, d=3: "—" if v is None else f"{v:.{d}f}"  # noqa: E731
         acc = None if mean["accuracy"] is None else mean["accuracy"] * 100
@@ -118,6 +127,7 @@ def main(argv=None) -> int:
                      f"{f(mean['pld_mean'])} | {f(mean['pld_max'])} | {f(mean['paper_mean'])} | "
                      f"{f(mean['paper_max'])} | {f(mean['ball_rdp_max'], 1)} |")
         notes = {r["mirror_note"] for r in runs if "mirror_note" in r}
+        notes |= {f"seed {r['seed']}: {r['diverged_note']}" for r in runs if "diverged_note" in r}
         for note in notes:
             lines.append(f"|  | note | {note} |" + " |" * 10)
     (suite_dir / "epsilons.md").write_text("\n".join(lines) + "\n")

@@ -2,7 +2,8 @@
 
     python presets/repro/zcdp-adult/plot_epsilon.py [results/repro/zcdp-adult]
 
-Reads the suite's report.csv (written by `privfed repro zcdp-adult`) and writes
+Reads the suite's finished runs (suite.json's cells and seeds, as `privfed report` does; without a
+suite.json, its report.csv, written by `privfed repro zcdp-adult`) and writes
 plots/accuracy_vs_epsilon.png beside it: one line per sweep row (LR and NN, with
 and without SA; mean +- std over the finished seeds), the (10, 1e-4) cells of
 Exp. B as points and the non-private rows as dashed lines. Prints the
@@ -47,17 +48,25 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("folder", nargs="?", default="results/repro/zcdp-adult", help="the suite's results folder")
     folder = Path(ap.parse_args().folder)
-    if not (folder / "report.csv").is_file():
-        print(f"plot_epsilon: no {folder / 'report.csv'}: run `privfed repro zcdp-adult` first", file=sys.stderr)
+    if not (folder / "suite.json").is_file() and not (folder / "report.csv").is_file():
+        print(f"plot_epsilon: no suite results in {folder}: run `privfed repro zcdp-adult` first", file=sys.stderr)
         return 2
     rows: dict[str, dict[str, tuple[float, float, int]]] = {}
     seeds: dict[tuple[str, str], int] = {}  # (row, column) -> finished seeds, every cell of the suite
-    with (folder / "report.csv").open() as fh:
-        for rec in csv.DictReader(fh):
-            seeds[rec["row"], rec["column"]] = int(rec["n_seeds"] or 0)
-            if rec["ours_mean"]:
-                rows.setdefault(rec["row"], {})[rec["column"]] = (float(rec["ours_mean"]), float(rec["ours_std"] or 0),
-                                                                  int(rec["n_seeds"]))
+    results = {}  # (row, column) -> CellResult, for the means and the per-seed comparison
+    if (folder / "suite.json").is_file():  # the runs themselves: a report.csv may predate the snapshot's runs
+        results = {(r.cell.row, r.cell.column): r for r in collect(read_snapshot(folder), folder)}
+        for (row, column), r in results.items():
+            seeds[row, column] = r.n
+            if r.n:
+                rows.setdefault(row, {})[column] = (r.mean, r.std or 0.0, r.n)
+    else:
+        with (folder / "report.csv").open() as fh:
+            for rec in csv.DictReader(fh):
+                seeds[rec["row"], rec["column"]] = int(rec["n_seeds"] or 0)
+                if rec["ours_mean"]:
+                    rows.setdefault(rec["row"], {})[rec["column"]] = (
+                        float(rec["ours_mean"]), float(rec["ours_std"] or 0), int(rec["n_seeds"]))
     import matplotlib
 
     matplotlib.use("Agg")
@@ -89,9 +98,7 @@ def main() -> int:
     out.parent.mkdir(exist_ok=True)
     fig.savefig(out, dpi=120)
     print(f"wrote {out}")
-    results = {}  # (row, column) -> CellResult, for the per-seed comparison
-    if (folder / "suite.json").is_file():
-        results = {(r.cell.row, r.cell.column): r for r in collect(read_snapshot(folder), folder)}
+    if results:
         planned = {cell: len(r.cell.seeds) for cell, r in results.items()}
     else:
         planned = dict.fromkeys(seeds, max(seeds.values(), default=0))
