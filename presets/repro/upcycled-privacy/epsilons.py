@@ -12,7 +12,10 @@ delta (default 1e-5): RDP and PLD (dp-accounting), the paper's form (output: Thm
 `upcycled-thm6.2`; objective: Thm 6.3, the pure-DP sum), and for output perturbation also RDP with the
 honest 'ball' sensitivity 2 tau. Epsilons are mean (the paper's eps-bar) and max over the 30 clients.
 Writes SUITE_RESULTS_DIR/epsilons.md and epsilons.csv and prints the table: every cell of the suite
-snapshot, a cell without finished runs as 0 seeds and dashes.
+snapshot, a cell without finished runs as 0 seeds and dashes. Then the issue's claim, per mechanism and
+column: Upcycled has both the lower epsilon (RDP mean over the clients; objective: the pure-DP sum) and the
+better mean final accuracy; a cell with fewer finite accuracies than planned seeds makes its column
+incomplete, never a pass. Ends with one JSON line of the count.
 """
 
 from __future__ import annotations
@@ -130,6 +133,7 @@ def main(argv=None) -> int:
         notes |= {f"seed {r['seed']}: {r['diverged_note']}" for r in runs if "diverged_note" in r}
         for note in notes:
             lines.append(f"|  | note | {note} |" + " |" * 10)
+    lines += ["", *claim_lines(cells, {(c.row, c.column): len(c.seeds) for c in read_snapshot(suite_dir).cells})]
     (suite_dir / "epsilons.md").write_text("\n".join(lines) + "\n")
     with (suite_dir / "epsilons.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, ["row", "column", "seeds", *keys])
@@ -137,6 +141,35 @@ def main(argv=None) -> int:
         w.writerows(table)
     print("\n".join(lines))
     return 0
+
+
+def claim_lines(cells: dict[tuple[str, str], list[dict]], planned: dict[tuple[str, str], int]) -> list[str]:
+    """Per mechanism (a row's first word) and column: Upcycled's row ("Upc-") against the vanilla one."""
+    out, holds, incomplete = ["Claim: Upcycled has the lower epsilon and the better final accuracy", ""], [], []
+    for (row, column), runs in cells.items():
+        if "Upc-" in row:
+            continue
+        upc = next((r for r, c in cells if c == column and "Upc-" in r and r.split()[0] == row.split()[0]), None)
+        if upc is None:
+            continue
+        pair = {"vanilla": (row, column), "upcycled": (upc, column)}
+        finite = {k: [r["accuracy"] for r in cells[key] if math.isfinite(r["accuracy"])] for k, key in pair.items()}
+        label = f"{row.split()[0]} {column}"
+        if any(len(finite[k]) < planned[key] for k, key in pair.items()):
+            incomplete.append(label)
+            out.append(f"- {label}: incomplete ({', '.join(f'{k} {len(finite[k])}/{planned[key]} seeds' for k, key in pair.items())})")
+            continue
+        eps = {k: _mean([r["rdp_mean"] for r in cells[key]]) for k, key in pair.items()}
+        acc = {k: _mean(finite[k]) for k in pair}
+        ok = eps["upcycled"] < eps["vanilla"] and acc["upcycled"] > acc["vanilla"]
+        holds += [label] if ok else []
+        out.append(f"- {label}: epsilon {eps['vanilla']:.3f} -> {eps['upcycled']:.3f}, accuracy "
+                   f"{100 * acc['vanilla']:.2f} -> {100 * acc['upcycled']:.2f} %: {'holds' if ok else 'MISSES'}")
+    total = sum(1 for row, _ in cells if "Upc-" not in row)
+    out += ["", f"holds in {len(holds)}/{total} columns" + (f" ({len(incomplete)} incomplete)" if incomplete else ""),
+            json.dumps({"suite": "upcycled-privacy", "lower_epsilon_and_better_accuracy": f"{len(holds)}/{total}",
+                        "incomplete": len(incomplete)})]
+    return out
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ is that it is positive everywhere: over the suite's planned eps columns, so an e
 whose arm has no run or fewer seeds than planned, from suite.json or else the most
 seeds in report.csv, makes the verdict "incomplete") and, per epsilon, on how many seeds the run
 with SA beat / tied the run without (over suite.json's finished seeds of the cell, as the means; same
-seed: same devices, selection, batches and standard-normal noise draws, only sigma differs).
+seed: same devices, selection, batches and standard-normal noise draws, only sigma differs). Last, the
+issue's other claim: LR at (10, 1e-4) (ours, with SA) within 2 points of non-private LR.
 """
 
 from __future__ import annotations
@@ -120,7 +121,22 @@ def main() -> int:
             verdict = ("beats" if diffs and all(d > 0 for d in diffs.values()) else "does NOT beat") + \
                 " without at every epsilon"
         print(f"{row.replace('with SA', '').strip()}: with SA minus without (points): {line}  -> with SA {verdict}")
+    print(near_non_private(rows, seeds, planned))
     return 0
+
+
+def near_non_private(rows, seeds, planned) -> str:
+    """The issue's other claim: LR at (10, 1e-4) (ours, with SA) ends within 2 points of non-private LR."""
+    ours = next((r for r, c in planned if r.startswith("LR ours") and c == "eps=10"), None)
+    plain = next((r for r, c in planned if r.startswith("LR non-private")), None)
+    if ours is None or plain is None:
+        return "LR at (10, 1e-4) vs non-private LR: no such cells in this suite"
+    cells = ((ours, "eps=10"), (plain, "non-private"))
+    if any(seeds.get(cell, 0) < planned[cell] for cell in cells):
+        return "LR at (10, 1e-4) vs non-private LR: incomplete (short of runs or seeds): not established"
+    gap = rows[ours]["eps=10"][0] - rows[plain]["non-private"][0]
+    return (f"LR at (10, 1e-4) minus non-private LR: {gap:+.2f} points -> "
+            + ("within 2 points" if abs(gap) <= 2 else "NOT within 2 points"))
 
 
 if __name__ == "__main__":
