@@ -138,21 +138,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'R':>6} {'ours ms':>9} {'ref ms':>9} {'ratio':>7} {'ours B':>10} {'ref B':>12} {'ratio':>7}")
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="privfed-bench-") as tmp:
-        figures = bench(Path(tmp), args.clients, sizes, args.repeat)
-    for r, f in figures.items():
+        figures = bench(Path(tmp), args.clients, sorted(set(sizes) | {1}), args.repeat)  # save 1: the run total
+    for r, f in ((r, figures[r]) for r in sizes):
         ratio_ms, ratio_bytes = f["reference_ms"] / f["ours_ms"], f["reference_bytes"] / f["ours_bytes"]
         print(f"{r:>6} {f['ours_ms']:>9.2f} {f['reference_ms']:>9.2f} {ratio_ms:>6.1f}x {f['ours_bytes']:>10.0f} "
               f"{f['reference_bytes']:>12.0f} {ratio_bytes:>6.1f}x")
         result[f"rounds_{r}"] = {"ours_ms": round(f["ours_ms"], 3), "reference_ms": round(f["reference_ms"], 3),
                                  "ratio_ms": round(ratio_ms, 1), "ours_bytes": round(f["ours_bytes"]),
                                  "reference_bytes": round(f["reference_bytes"]), "ratio_bytes": round(ratio_bytes, 1)}
-    last, first = figures[sizes[-1]], figures[sizes[0]]
+    last = figures[sizes[-1]]
     # the reference writes a whole checkpoint per save, growing linearly in R: the run's T saves write
-    # T x (save 1 + save T) / 2, with save 1 extrapolated back from the first size measured
-    growth = ((last["reference_bytes"] - first["reference_bytes"]) / (sizes[-1] - sizes[0])
-              if len(sizes) > 1 else 0.0)
-    reference_first = first["reference_bytes"] - growth * (sizes[0] - 1)
-    reference_total = sizes[-1] * (reference_first + last["reference_bytes"]) / 2
+    # T x (save 1 + save T) / 2
+    reference_total = sizes[-1] * (figures[1]["reference_bytes"] + last["reference_bytes"]) / 2
     print(f"    bytes written by the {sizes[-1]} saves of a run: ours {last['ours_total_bytes'] / 1e6:.1f} MB "
           f"(measured), reference ~{reference_total / 1e6:.0f} MB (O(T^2)); {time.perf_counter() - t0:.0f} s")
     result["run_total_bytes"] = {"rounds": sizes[-1], "ours": round(last["ours_total_bytes"]),

@@ -3,7 +3,8 @@
 
 The only way privfed downloads anything: runs never do (a missing file stops
 them with `DataFileMissing`). DIR defaults to $PRIVFED_DATA_DIR, else ./data. `check` compares every file
-with its publisher's SHA-256 (common/data/provenance.py) and exits 1 if one differs.
+with its publisher's digest (SHA-256; CIFAR-10's batches: MD5; common/data/provenance.py) and exits 1 if
+one differs.
 mnist, fashion-mnist and cifar10 need torchvision (`pip install 'privfed[vision]'`).
 """
 
@@ -25,7 +26,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--data-dir", default="", help="data folder (default: $PRIVFED_DATA_DIR, else ./data)")
     p.add_argument("--force", action="store_true", help="fetch again even if the files are present")
     p.set_defaults(func=_download)
-    c = sub.add_parser("check", help="compare the data folder's files with their publishers' SHA-256 digests")
+    c = sub.add_parser("check", help="compare the data folder's files with their publishers' digests "
+                                     "(SHA-256; CIFAR-10's batches: MD5)")
     c.add_argument("--data-dir", default="", help="data folder (default: $PRIVFED_DATA_DIR, else ./data)")
     c.set_defaults(func=_check)
 

@@ -541,6 +541,9 @@ def _check_combinations(v: Mapping[str, Scalar]) -> None:
                           "(e.g. local-steps = ceil(epochs / dp-sample-rate) for about that many epochs)")
     _check_ignored_keys(v)
     _check_keys_outside_their_mode(v)
+    if v["strategy"] == "fedlap" and v["fedlap-dsa"] and v["dataset"] not in IMAGE_SIZES:
+        raise ConfigError(f"fedlap-dsa = true augments images, and dataset {v['dataset']!r} holds feature vectors: "
+                          "set fedlap-dsa = false")
     if v["ali-tau-init"] > v["ali-tau-max"]:
         raise ConfigError(f"ali-tau-init = {v['ali-tau-init']} exceeds ali-tau-max = {v['ali-tau-max']}: every tau* "
                           "is clamped to ali-tau-max, the first round's too")
@@ -557,6 +560,10 @@ def _ali_iteration_budget(v: Mapping[str, Scalar]) -> int:
     except ValueError as err:  # the noise is so large that epsilon never reaches the target: no R_c
         raise ConfigError(f"strategy 'ali-dpfl' needs a finite step budget R_c: {err}; lower dp-noise-multiplier "
                           "or dp-sample-rate, or raise target-epsilon") from None
+    except ArithmeticError as err:  # a target near 1e200, a sigma near 1e-200: beyond the accountants' floats
+        raise ConfigError(f"strategy 'ali-dpfl': target-epsilon = {v['target-epsilon']:g} with dp-noise-multiplier "
+                          f"= {v['dp-noise-multiplier']:g} puts the step budget R_c beyond what the accountant can "
+                          f"compute ({type(err).__name__}); use values of a real privacy budget") from None
 
 
 def _check_keys_outside_their_mode(v: Mapping[str, Scalar]) -> None:

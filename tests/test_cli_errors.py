@@ -2,8 +2,11 @@
 
 import json
 import math
+import os
+import subprocess
 import sys
 import types
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,8 @@ from cli.main import main
 from common.config import ConfigError, validate
 from common.privacy.events import dpsgd_steps
 from common.privacy.ledger import PrivacyLedger
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TINY = ["--set", "num-rounds=1", "--quiet"]
 
@@ -313,3 +318,22 @@ def test_data_check_detects_corrupt_cifar10(tmp_path, capsys):
     rc = main(["data", "check", "--data-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert rc != 0 or "cifar" in out, out
+
+
+def _help(*argv: str) -> str:
+    env = {**os.environ, "COLUMNS": "200"}
+    out = subprocess.run([sys.executable, "-m", "cli.main", *argv, "--help"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_data_check_help_names_the_md5_digests_cifar10_is_checked_by():
+    """(review, session 21) `privfed data --help` said `check` compares every file with its publisher's SHA-256, and the
+    `check` sub-command's one-line help says "SHA-256 digests"; CIFAR-10's batch files are
+    compared by MD5 (provenance.PUBLISHED_MD5), as README.md now says ("its publisher's digest")."""
+    from common.data.provenance import PUBLISHED_MD5
+
+    assert PUBLISHED_MD5  # CIFAR-10 is checked by MD5
+    text = _help("data")
+    assert "SHA-256" not in text or "MD5" in text, text

@@ -127,3 +127,30 @@ def test_validate_refuses_ali_dpfl_with_noise_too_large_to_bound_rc_with_a_confi
            "dp-noise-multiplier": 50.0, "dp-sample-rate": 1e-4}
     with pytest.raises(ConfigError, match="dp-noise-multiplier|target-epsilon"):
         validate(raw)
+
+
+# --- a config fuzzer (review, session 21): each test failed on the code it reviewed -----------------------
+ALI_DPSGD = {"strategy": "ali-dpfl", "privacy": "dpsgd"}
+
+
+def test_ali_huge_target_epsilon_is_a_config_error_not_overflow():
+    # target-epsilon has no upper bound; R_c's secant search overflows ((...) ** 2) and validate() leaks an
+    # OverflowError (a traceback from `privfed run`) instead of ConfigError. 1e150 still gives ConfigError.
+    with pytest.raises(ConfigError):
+        validate({**ALI_DPSGD, "target-epsilon": 1e200})
+
+
+def test_ali_tiny_noise_multiplier_is_a_config_error_not_zero_division():
+    # dp-noise-multiplier has no positive lower bound; sigma**2 underflows to 0 and the RDP accountant
+    # divides by it: validate() leaks ZeroDivisionError. 1e-160 still gives ConfigError ("allows no step").
+    with pytest.raises(ConfigError):
+        validate({**ALI_DPSGD, "target-epsilon": 8.0, "dp-noise-multiplier": 1e-200})
+
+
+@pytest.mark.parametrize("dataset, extra", [("synthetic", {}), ("adult", {}), ("syn-iid", {"num-clients": 30})])
+def test_fedlap_default_dsa_on_flat_dataset_refused_by_validate(dataset, extra):
+    # fedlap-dsa defaults to true; on a dataset of feature vectors validate() accepts the config and the
+    # run then dies in FedLap.__init__ (server/strategies/fedlap.py) with "fedlap-dsa = true augments
+    # images". The dataset kind is static (IMAGE_SIZES), like _check_model_inputs' check.
+    with pytest.raises(ConfigError, match="fedlap-dsa"):
+        validate({"strategy": "fedlap", "dataset": dataset, **extra})

@@ -27,11 +27,11 @@ def test_real_init_refused_under_dp():
 
 
 def test_dp_fedlap_needs_no_local_steps():
-    assert validate({"strategy": "fedlap", "privacy": "dpsgd"})["local-steps"] == 0
+    assert validate({"strategy": "fedlap", "dataset": "mnist", "privacy": "dpsgd"})["local-steps"] == 0
 
 
 def test_paper_plan_is_200_sampled_gaussian_steps_and_epsilon_matches_the_paper():
-    config = validate({"strategy": "fedlap", "privacy": "dpsgd", "dp-sample-rate": 256 / 10000,
+    config = validate({"strategy": "fedlap", "dataset": "mnist", "privacy": "dpsgd", "dp-sample-rate": 256 / 10000,
                        "dp-noise-multiplier": 1.0, "fedlap-restarts": 4, "fedlap-max-outer": 5,
                        "fedlap-real-batches": 10})
     assert fedlap_accesses(config) == 200
@@ -46,7 +46,7 @@ def test_paper_plan_is_200_sampled_gaussian_steps_and_epsilon_matches_the_paper(
 
 
 def test_non_dp_fedlap_plans_nothing():
-    assert planned_entries(validate({"strategy": "fedlap"}), {"server-round": 1}) == []
+    assert planned_entries(validate({"strategy": "fedlap", "dataset": "mnist"}), {"server-round": 1}) == []
 
 
 @pytest.mark.parametrize("suite", ["fedlap-table1", "fedlap-table1/paper", "fedlap-table2", "fedlap-table2/paper",
@@ -75,8 +75,8 @@ def test_presets_validate():
 def test_round_lr_follows_the_authors_cosine_and_keeps_the_last_round_positive():
     from client.updates.fedlap import round_lr
 
-    config = validate({"strategy": "fedlap", "num-rounds": 5, "lr": 0.1})
+    config = validate({"strategy": "fedlap", "dataset": "mnist", "num-rounds": 5, "lr": 0.1})
     rates = [round_lr(config, m) for m in range(1, 6)]
     assert rates[0] == pytest.approx(0.1) and rates[-1] > 1e-3
     assert all(a > b for a, b in zip(rates, rates[1:]))
-    assert round_lr(validate({"strategy": "fedlap", "fedlap-lr-rounds": 3}), 3) == pytest.approx(1e-6)
+    assert round_lr(validate({"strategy": "fedlap", "dataset": "mnist", "fedlap-lr-rounds": 3}), 3) == pytest.approx(1e-6)

@@ -10,9 +10,9 @@ data folder, whose `SHA256SUMS` lists them):
 
 `published` is False for a file that differs from the publisher's, and None
 where no digest is known (an already-decompressed idx file). CIFAR-10's
-publisher distributes MD5 digests of its batches (the dataset's page, and
-torchvision, which checks them): those files are compared by MD5, and their
-record also holds it. A differing file is not refused: a user may mean to run on a
+batch files are compared by the MD5s torchvision lists and checks for them
+(the publisher's page gives only its archive's), and their record also
+holds the MD5. A differing file is not refused: a user may mean to run on a
 modified copy. The run says so in its log and records the digests in
 `summary.json` (`data_files`), so results made on other data are never
 mistaken for the published dataset's. `privfed data check` compares a whole
@@ -45,7 +45,8 @@ PUBLISHED_SHA256 = {
 }
 
 
-# CIFAR-10 python version: the publisher's MD5s (www.cs.toronto.edu/~kriz/cifar.html), as torchvision checks them
+# CIFAR-10 python version: its batch files' MD5s, as torchvision lists and checks them (the publisher's page,
+# www.cs.toronto.edu/~kriz/cifar.html, gives its archive's)
 PUBLISHED_MD5 = {
     "cifar-10-batches-py/data_batch_1": "c99cafc152244af753f735de768cd75f",
     "cifar-10-batches-py/data_batch_2": "d4bba439e000b95fd0a9bffe97cbabec",
