@@ -557,9 +557,10 @@ def _ali_iteration_budget(v: Mapping[str, Scalar]) -> int:
 
     try:
         return ali_iteration_budget(v)
-    except ValueError as err:  # the noise is so large that epsilon never reaches the target: no R_c
-        raise ConfigError(f"strategy 'ali-dpfl' needs a finite step budget R_c: {err}; lower dp-noise-multiplier "
-                          "or dp-sample-rate, or raise target-epsilon") from None
+    except ValueError as err:  # epsilon stays below the target however many steps: no R_c
+        raise ConfigError(f"strategy 'ali-dpfl' needs a finite step budget R_c: {err}; epsilon stays below "
+                          f"target-epsilon = {v['target-epsilon']:g} however many steps run, so lower target-epsilon "
+                          "(or let epsilon grow faster: a lower dp-noise-multiplier, a higher dp-sample-rate)") from None
     except ArithmeticError as err:  # a target near 1e200, a sigma near 1e-200: beyond the accountants' floats
         raise ConfigError(f"strategy 'ali-dpfl': target-epsilon = {v['target-epsilon']:g} with dp-noise-multiplier "
                           f"= {v['dp-noise-multiplier']:g} puts the step budget R_c beyond what the accountant can "

@@ -154,3 +154,19 @@ def test_fedlap_default_dsa_on_flat_dataset_refused_by_validate(dataset, extra):
     # images". The dataset kind is static (IMAGE_SIZES), like _check_model_inputs' check.
     with pytest.raises(ConfigError, match="fedlap-dsa"):
         validate({"strategy": "fedlap", "dataset": dataset, **extra})
+
+
+def test_ali_budget_too_large_target_advice_points_the_right_way():
+    """(review, session 21) target-epsilon = 1e7 at sigma 1.0, q 0.01: epsilon stays below the target beyond the accountant's 1e9-step
+    scan, so R_c cannot be bounded. The fix is a SMALLER target (or a larger sample rate / smaller sigma, so epsilon
+    grows faster). The ConfigError said "lower ...
+    dp-sample-rate, or raise target-epsilon": both of those make it worse. Following the advice (1e8) fails
+    again with the same message, while a lower target (1e3) validates."""
+    with pytest.raises(ConfigError) as info:
+        validate({**ALI_DPSGD, "dataset": "synthetic", "model": "logreg", "dp-noise-multiplier": 1.0,
+                  "dp-sample-rate": 0.01, "target-epsilon": 1e7})
+    msg = str(info.value)
+    assert "needs a finite step budget" in msg
+    validate({**ALI_DPSGD, "dp-noise-multiplier": 1.0, "dp-sample-rate": 0.01, "target-epsilon": 1e3})  # the real fix: lower the target
+    assert "raise target-epsilon" not in msg, msg
+    assert "lower dp-noise-multiplier or dp-sample-rate" not in msg, msg

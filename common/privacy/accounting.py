@@ -419,7 +419,7 @@ class _Bracket:
         """A little past the root of the secant through the last two lo's, 2 to 16 times lo."""
         if self.lo > MAX_STEPS_CAP:
             raise ValueError(f"epsilon stays <= {self.target} beyond {MAX_STEPS_CAP} steps; "
-                             "the noise is too large to bound R_c")
+                             "the target is beyond what this noise and sampling rate reach: no R_c")
         root = _sqrt_secant_root(*self.below, self.lo, self.e_lo, self.target)
         k = max(2 * self.lo, math.ceil(1.05 * min(root, 16 * self.lo)) + 1)
         return min(16 * self.lo, k, MAX_STEPS_CAP + 1)
