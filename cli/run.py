@@ -190,10 +190,11 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
     from common.config import ConfigError, validate
 
     config = validate(overrides)
-    if engine == "inprocess":
+    if engine == "inprocess":  # paths made absolute as for simulation: a checkpoint resumes on either engine
         from server.inprocess import run_inprocess
 
-        return run_inprocess(config, workers=workers, console=console, threads=threads, round_lines=not quiet)
+        return run_inprocess(validate(absolute_paths(overrides)), workers=workers, console=console, threads=threads,
+                             round_lines=not quiet)
     if engine == "simulation":
         from server.flower_run import TIMED_OUT, run_with_flower
 

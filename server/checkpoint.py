@@ -265,6 +265,14 @@ class _Journal(NamedTuple):
     rows: int = 0
 
 
+def _as_compared(key: str, value: Any) -> Any:
+    """A config value as a resume compares it: the state-dir as the folder it names from here (one run
+    records it relative, another engine absolute; the nodes' ledgers are the same)."""
+    if key == "state-dir" and value:
+        return str(Path(str(value)).expanduser().resolve())
+    return value
+
+
 class Checkpointer:
     """The runner's hooks: `resume(...)` before the first round, `save(...)` after each."""
 
@@ -453,8 +461,8 @@ class Checkpointer:
     def _check_compatible(self, ckpt: dict[str, Any], strategy) -> None:
         """Refuse a checkpoint of another run config or strategy."""
         old = ckpt["config"]
-        changed = sorted(k for k in set(old) | set(self.config)
-                         if k not in MAY_CHANGE and not is_inert(k, self.config) and old.get(k) != self.config.get(k))
+        changed = sorted(k for k in set(old) | set(self.config) if k not in MAY_CHANGE and not is_inert(k, self.config)
+                         and _as_compared(k, old.get(k)) != _as_compared(k, self.config.get(k)))
         if changed:
             raise CheckpointError(
                 f"checkpoint {self.path} was written with a different run config ({', '.join(changed)}); "

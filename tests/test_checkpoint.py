@@ -315,3 +315,23 @@ def test_an_ali_checkpoint_written_with_the_local_steps_it_never_read_resumes():
     strategy = object()
     Checkpointer(new, lambda *_: None)._check_compatible(
         {"config": {**new, "local-steps": 1}, "strategy_classes": strategy_classes(strategy)}, strategy)
+
+
+def test_resume_with_relative_state_dir_is_the_same_run_on_either_engine(tmp_path, monkeypatch, one_torch_thread):
+    """(review, session 21) `privfed run ... --set state-dir=nodes --set checkpoint=true` started on --engine inprocess and resumed by
+    the same command on --engine simulation (or the other way round) is the same run in the same folders; the
+    simulation engine hands the ServerApp absolute_paths(overrides), whose state-dir is the resolved folder, and
+    the checkpoint compares it as a string with the relative one the in-process run recorded: refused with
+    "different run config (state-dir)". (Observed with the CLI: exit 2 on --engine simulation after an
+    in-process start.)"""
+    from cli.run import absolute_paths, run_one
+    from common.config import validate
+
+    monkeypatch.chdir(tmp_path)
+    overrides = {"num-clients": 2, "num-rounds": 1, "checkpoint": True, "run-name": "sd", "state-dir": "nodes",
+                 "results-dir": str(tmp_path / "results")}
+    validate(overrides)
+    first = run_one(overrides, engine="inprocess", quiet=True)
+    # what --engine simulation passes to the ServerApp for the same command in the same folder
+    again = run_one(absolute_paths(overrides), engine="inprocess", quiet=True)
+    assert again == first
