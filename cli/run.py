@@ -179,7 +179,7 @@ class SimulationFailed(RuntimeError):
 
 
 # a traceback's last line, in flwr's output: the ServerApp refused the config, or to resume its checkpoint
-REFUSAL_LINE = re.compile(r"(ConfigError|CheckpointError): (.+)$", re.M)
+REFUSAL_LINE = re.compile(r"(ConfigError|CheckpointError|DataFileMissing|DataFileCorrupt): (.+)$", re.M)
 
 
 def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, threads: int | None = 1,
@@ -188,6 +188,7 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
     `quiet`: no per-round lines and no Flower output; the run's own notes and warnings still print."""
     from common.checkpoint_file import CheckpointError
     from common.config import ConfigError, validate
+    from common.data.errors import DataFileError
 
     config = validate(overrides)
     if engine == "inprocess":  # paths made absolute as for simulation: a checkpoint resumes on either engine
@@ -207,7 +208,8 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
         if code != 0 or results is None:
             if refusal := REFUSAL_LINE.findall(output):  # the ServerApp refused the run (Flower exits 0)
                 kind, why = refusal[-1]
-                raise (ConfigError if kind == "ConfigError" else CheckpointError)(why.strip())
+                raise {"ConfigError": ConfigError, "CheckpointError": CheckpointError}.get(kind, DataFileError)(
+                    why.strip())
             tail = "\n".join(output.rstrip().splitlines()[-15:])
             why = (f"timed out after {timeout:g} s (--timeout)" if TIMED_OUT in output
                    else f"failed (exit code {code})" if code else "failed: the ServerApp ended without results")

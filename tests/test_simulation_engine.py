@@ -83,3 +83,16 @@ def test_simulation_results_folder_keeps_run_name_whitespace(tmp_path, monkeypat
     code, _, results = fr.run_with_flower({"run-name": "tr ", "results-dir": str(tmp_path)}, 2, timeout=30)
     assert code == 0
     assert results == run_dir, results
+
+
+def test_a_data_file_error_in_the_serverapp_is_the_same_refusal_as_in_process(tmp_path, monkeypatch):
+    """(review, session 21) A data file that fails inside the ServerApp (damaged after the CLI's preflight)
+    exited 1 with a traceback tail on --engine simulation, 2 with one line in-process."""
+    import server.flower_run
+    from cli.run import run_one
+    from common.data.errors import DataFileError
+
+    tail = "common.data.errors.DataFileCorrupt: syn-iid: data file ... is damaged (x_train has NaN values)\n"
+    monkeypatch.setattr(server.flower_run, "run_with_flower", lambda *a, **k: (0, tail, None))
+    with pytest.raises(DataFileError, match="x_train has NaN values"):
+        run_one({"num-rounds": 1, "results-dir": str(tmp_path)}, engine="simulation", quiet=True)
