@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -246,3 +247,18 @@ def test_cli_impossible_partition_is_one_line(capsys, cifar_dir):
     err = capsys.readouterr().err
     assert code == 2 and "dirichlet" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("kind", ["text", "complex"])
+def test_released_non_real_feature_dtype_is_refused_as_damaged(tmp_path, kind):
+    """(review, session 21) released.py promises 'anything else raises DataFileCorrupt' (naming the file); a non-numeric
+    x_train escapes as a bare numpy ValueError ("could not convert string to float"), and complex
+    features load silently with their imaginary parts dropped (a silently different dataset)."""
+    x = np.random.default_rng(1).normal(size=(90, 20))
+    x_bad = np.full(x.shape, "abc") if kind == "text" else x + 1j
+    path = _write_released(tmp_path, x_train=x_bad)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(DataFileCorrupt) as info:
+            load_released("syn-iid", tmp_path)
+    assert str(path) in str(info.value)
