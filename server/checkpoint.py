@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import copy
 import math
+import operator
 import re
 import secrets
 import time
@@ -265,12 +266,18 @@ class _Journal(NamedTuple):
     rows: int = 0
 
 
-def _as_compared(key: str, value: Any) -> Any:
-    """A config value as a resume compares it: the state-dir as the folder it names from here (one run
-    records it relative, another engine absolute; the nodes' ledgers are the same)."""
-    if key == "state-dir" and value:
-        return str(Path(str(value)).expanduser().resolve())
-    return value
+def _same_state_dir(old: Any, new: Any, run_name: str) -> bool:
+    """Whether a resume's state-dir is the interrupted run's. One engine records it as typed, the other
+    absolute: a relative one names the same folder only from the folder the run started in, and only
+    there does it hold this run's node state (`name-<run-name>`), not an empty one that resets every budget."""
+    if old == new:
+        return True
+    if not old or not new:
+        return False
+    was, now = Path(str(old)).expanduser(), Path(str(new)).expanduser()
+    if was.resolve() != now.resolve():
+        return False
+    return (was.is_absolute() and now.is_absolute()) or (was.resolve() / f"name-{run_name}").is_dir()
 
 
 class Checkpointer:
@@ -461,8 +468,9 @@ class Checkpointer:
     def _check_compatible(self, ckpt: dict[str, Any], strategy) -> None:
         """Refuse a checkpoint of another run config or strategy."""
         old = ckpt["config"]
+        same = {"state-dir": lambda a, b: _same_state_dir(a, b, str(self.config["run-name"]))}
         changed = sorted(k for k in set(old) | set(self.config) if k not in MAY_CHANGE and not is_inert(k, self.config)
-                         and _as_compared(k, old.get(k)) != _as_compared(k, self.config.get(k)))
+                         and not same.get(k, operator.eq)(old.get(k), self.config.get(k)))
         if changed:
             raise CheckpointError(
                 f"checkpoint {self.path} was written with a different run config ({', '.join(changed)}); "

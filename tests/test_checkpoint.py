@@ -335,3 +335,40 @@ def test_resume_with_relative_state_dir_is_the_same_run_on_either_engine(tmp_pat
     # what --engine simulation passes to the ServerApp for the same command in the same folder
     again = run_one(absolute_paths(overrides), engine="inprocess", quiet=True)
     assert again == first
+
+
+def test_pre_change_relative_state_dir_is_not_resolved_against_another_cwd(tmp_path, monkeypatch, one_torch_thread):
+    """(review, session 21) A checkpoint written before privfed run's in-process paths were absolute records state-dir as typed ("nodes", relative to the cwd it ran in:
+    its ledgers are in a/nodes). Resumed from cwd b with state-dir = b/nodes (another folder: its ledgers
+    open empty, every budget reset), a first fix resolved the recorded "nodes" against b and lets it through;
+    before the change the strings differed and the resume was refused."""
+    from cli.run import run_one
+    from common.checkpoint_file import CheckpointError
+    from common.config import validate
+    from server.inprocess import run_inprocess
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    overrides = {"num-clients": 2, "num-rounds": 1, "checkpoint": True, "run-name": "sd", "state-dir": "nodes",
+                 "results-dir": str(tmp_path / "results")}
+    monkeypatch.chdir(a)
+    run_inprocess(validate(overrides), threads=1, round_lines=False)  # what run_one did before the change
+    assert (a / "nodes" / "name-sd").is_dir()
+    monkeypatch.chdir(b)
+    with pytest.raises(CheckpointError, match="state-dir"):
+        run_one({**overrides, "state-dir": str(b / "nodes")}, engine="inprocess", quiet=True)
+
+
+def test_a_relative_state_dir_checkpoint_resumes_by_the_same_command_in_its_folder(tmp_path, monkeypatch,
+                                                                                   one_torch_thread):
+    """The checkpoint recorded state-dir as typed ("nodes"); privfed run now passes it absolute: from the folder
+    the run started in, that is the same folder, holding the run's node state, and the resume goes on."""
+    from cli.run import run_one
+    from common.config import validate
+    from server.inprocess import run_inprocess
+
+    overrides = {"num-clients": 2, "num-rounds": 1, "checkpoint": True, "run-name": "sd", "state-dir": "nodes",
+                 "results-dir": str(tmp_path / "results")}
+    monkeypatch.chdir(tmp_path)
+    first = run_inprocess(validate(overrides), threads=1, round_lines=False)
+    assert run_one(overrides, engine="inprocess", quiet=True) == first
