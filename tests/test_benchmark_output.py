@@ -1,7 +1,6 @@
 """Benchmarks print their ratios for people and end with one JSON line of real (uncached) figures."""
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -354,18 +353,16 @@ def test_deployment_round_refuses_a_single_round(monkeypatch):
     _refused(bench.main)
 
 
-def _reference_estimate(rounds: str) -> int:
-    out = subprocess.run([sys.executable, "benchmarks/checkpoint_growth.py", "--rounds", rounds, "--repeat", "1",
-                          "--clients", "100"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return json.loads(out.stdout.strip().splitlines()[-1])["run_total_bytes"]["reference_estimate"]
+def _reference_estimate(capsys, rounds: str) -> int:
+    assert _import("checkpoint_growth").main(["--rounds", rounds, "--repeat", "1", "--clients", "20"]) == 0
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["run_total_bytes"]["reference_estimate"]
 
 
-def test_checkpoint_growth_reference_total_with_one_rounds_value_is_not_r_times_the_last_save():
+def test_checkpoint_growth_reference_total_with_one_rounds_value_is_not_r_times_the_last_save(capsys):
     """(review, session 21) benchmarks/checkpoint_growth.py estimated the reference's bytes over a run as
     T x (save 1 + save T) / 2, save 1 extrapolated from the first size measured; with one --rounds value
     the growth is taken as 0, so the estimate is T x save T: at --rounds 10 (100 clients) 2.04 MB, where
     the same run with save 1 measured (--rounds 1,10) gives 1.20 MB (70 % high). Save 1 is measured now."""
-    single = _reference_estimate("10")
-    measured = _reference_estimate("1,10")
+    single = _reference_estimate(capsys, "10")
+    measured = _reference_estimate(capsys, "1,10")
     assert abs(single - measured) / measured < 0.15, (single, measured)
