@@ -190,12 +190,12 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
     from common.config import ConfigError, validate
     from common.data.errors import DataFileError
 
-    config = validate(overrides)
-    if engine == "inprocess":  # paths made absolute as for simulation: a checkpoint resumes on either engine
+    absolute = absolute_paths(overrides)  # both engines: a checkpoint resumes on either
+    config = validate(absolute)
+    if engine == "inprocess":
         from server.inprocess import run_inprocess
 
-        return run_inprocess(validate(absolute_paths(overrides)), workers=workers, console=console, threads=threads,
-                             round_lines=not quiet)
+        return run_inprocess(config, workers=workers, console=console, threads=threads, round_lines=not quiet)
     if engine == "simulation":
         from server.flower_run import TIMED_OUT, run_with_flower
 
@@ -203,7 +203,7 @@ def run_one(overrides: Mapping[str, Any], *, engine: str, workers: int = 1, thre
             if not quiet or "privfed: " in line:
                 print(line, flush=True)
 
-        code, output, results = run_with_flower(absolute_paths(overrides), int(config["num-clients"]),
+        code, output, results = run_with_flower(absolute, int(config["num-clients"]),
                                                 timeout=timeout, echo=echo, gpus_per_client=gpus_per_client)
         if code != 0 or results is None:
             if refusal := REFUSAL_LINE.findall(output):  # the ServerApp refused the run (Flower exits 0)

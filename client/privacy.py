@@ -163,8 +163,8 @@ def report_and_fence(path: Path, server_run: int, started: int | None = None) ->
 
     The report: `ledger-lineage` (the start the ledger is bound to, "" if none), `ledger-last-round`
     (-1 if no entry has a round), `ledger-last-entries` (that round's entries, JSON) and
-    `ledger-fence-started` (the start time of the start whose enrollment fenced it before, 0 if none). All are data-independent: entries are
-    planned from the instructions and the enrolled data size."""
+    `ledger-fence-started` (the start time of the start whose enrollment fenced it before, 0 if none).
+    All are data-independent: entries are planned from the instructions and the enrolled data size."""
     with file_lock(path):
         ledger = PrivacyLedger.load(path) if path.exists() else PrivacyLedger()
         fence = _beside(path, ".server-run")

@@ -76,7 +76,6 @@ from __future__ import annotations
 
 import copy
 import math
-import operator
 import re
 import secrets
 import time
@@ -468,9 +467,13 @@ class Checkpointer:
     def _check_compatible(self, ckpt: dict[str, Any], strategy) -> None:
         """Refuse a checkpoint of another run config or strategy."""
         old = ckpt["config"]
-        same = {"state-dir": lambda a, b: _same_state_dir(a, b, str(self.config["run-name"]))}
-        changed = sorted(k for k in set(old) | set(self.config) if k not in MAY_CHANGE and not is_inert(k, self.config)
-                         and not same.get(k, operator.eq)(old.get(k), self.config.get(k)))
+        def same(key: str) -> bool:
+            if key == "state-dir":
+                return _same_state_dir(old.get(key), self.config.get(key), str(self.config["run-name"]))
+            return old.get(key) == self.config.get(key)
+
+        changed = sorted(k for k in set(old) | set(self.config)
+                         if k not in MAY_CHANGE and not is_inert(k, self.config) and not same(k))
         if changed:
             raise CheckpointError(
                 f"checkpoint {self.path} was written with a different run config ({', '.join(changed)}); "

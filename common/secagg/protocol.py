@@ -556,9 +556,11 @@ class SecAggClient:
             c._round_length = int(state["round_length"])
             c._round_announcement = bytes(state.get("round_announcement", b""))
             peers = [j for j in c._round_selected if j != c.node_id]
-            raw = bytes(state.get("round_keys", b""))  # absent before privfed kept them: the directory's
-            c._round_keys = ({j: raw[32 * k: 32 * (k + 1)] for k, j in enumerate(peers)}
-                             if len(raw) == 32 * len(peers) else {j: c._peer_keys[j] for j in peers if j in c._peer_keys})
+            raw = bytes(state.get("round_keys", b""))
+            if len(raw) == 32 * len(peers):
+                c._round_keys = {j: raw[32 * k: 32 * (k + 1)] for k, j in enumerate(peers)}
+            else:  # a state saved before privfed kept the round's keys: the directory's
+                c._round_keys = {j: c._peer_keys[j] for j in peers if j in c._peer_keys}
             if bool(state["revealed"]):
                 c._revealed = (
                     tuple(int(i) for i in np.asarray(state["revealed_survivors"], dtype=np.uint64)),

@@ -157,7 +157,8 @@ def claim_lines(cells: dict[tuple[str, str], list[dict]], planned: dict[tuple[st
         label = f"{row.split()[0]} {column}"
         if any(len(finite[k]) < planned[key] for k, key in pair.items()):
             incomplete.append(label)
-            out.append(f"- {label}: incomplete ({', '.join(f'{k} {len(finite[k])}/{planned[key]} seeds' for k, key in pair.items())})")
+            counts = ", ".join(f"{k} {len(finite[k])}/{planned[key]} seeds" for k, key in pair.items())
+            out.append(f"- {label}: incomplete ({counts})")
             continue
         eps = {k: _mean([r["rdp_mean"] for r in cells[key]]) for k, key in pair.items()}
         acc = {k: _mean(finite[k]) for k in pair}
