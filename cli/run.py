@@ -34,6 +34,8 @@ import tomllib
 from pathlib import Path
 from typing import Any, Mapping
 
+from common.number_checks import is_real
+
 APP_DIR = Path(__file__).resolve().parents[1]
 PRESETS_DIR = APP_DIR / "presets"
 REPRO_DIR = PRESETS_DIR / "repro"
@@ -234,7 +236,7 @@ def read_summary(run_dir: Path) -> dict[str, Any]:
     numbers = {"accuracy": final.get("accuracy"), "loss": final.get("loss"), "epsilon": epsilon,
                "rounds": summary.get("rounds"), "wall": summary.get("wall_seconds")}
     for name, value in numbers.items():  # a damaged file: refused here, not a traceback where a row prints
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        if value is not None and (not is_real(value)):
             raise ValueError(f"its {name} is {value!r}, not a number")
     return {**numbers, "seed": summary.get("config", {}).get("seed"), "path": str(run_dir),
             "epsilon_note": epsilon_note(summary)}

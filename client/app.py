@@ -16,6 +16,7 @@ from client.updates import update_rule
 from client.updates.acknowledged import ACKNOWLEDGED
 from client.updates.fedlap import instructed_lr
 from common.evaluation import evaluate
+from common.number_checks import is_int
 from common.privacy.ali import GRAD_DIFF_METRIC
 from common.privacy.plan import is_private, local_epochs, local_steps, planned_entries, prox_mu
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, fitting_state, load_arrays
@@ -138,7 +139,7 @@ def check_instruction(client, content: RecordDict) -> None:
     instruction = content[CONFIG]
     for key in ("server-round", "train-round", ACKNOWLEDGED):
         value = instruction.get(key, 0)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if not is_int(value) or value < 0:
             raise ValueError(f"the instruction's {key!r} must be a non-negative integer, got {value!r}")
     if "server-round" not in instruction:
         raise ValueError("the instruction has no 'server-round'")

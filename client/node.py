@@ -23,6 +23,7 @@ from common.config import RunConfig, resolve_model_name, validate
 from common.data import load_client, load_federation
 from common.evaluation import pick_device
 from common.models import build_model
+from common.number_checks import is_real
 from common.privacy.plan import delta_too_large, is_private, planned_entries
 
 
@@ -40,7 +41,7 @@ def owner_cap(node_config) -> float | None:
     cap = node_config.get("max-epsilon")
     if cap is None:
         return None
-    if isinstance(cap, bool) or not isinstance(cap, (int, float)) or not 0 < cap < math.inf:
+    if not is_real(cap) or not 0 < cap < math.inf:
         raise NodeSetupError(f"node config max-epsilon must be a finite number > 0, got {cap!r}")
     return float(cap)
 

@@ -54,6 +54,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 from common.config import clients_per_round
+from common.number_checks import is_real
 from common.records import NUM_EXAMPLES
 from common.secagg import (
     CodecParams,
@@ -269,7 +270,7 @@ def encode_reply(reply: RecordDict, instruction: RecordDict, unit_records: set[s
         raise ValueError(f"a reply needs exactly one MetricRecord under secure aggregation, got {len(metric_records)}")
     metric_name, metrics = metric_records[0]
     n = metrics.get(NUM_EXAMPLES)
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n < 0:
+    if not is_real(n) or not math.isfinite(n) or n < 0:
         raise ValueError(f"{NUM_EXAMPLES!r} must be a non-negative number, got {n!r}")
     if not weight_scale > 0:
         raise ValueError(f"weight scale must be positive, got {weight_scale!r}")
@@ -294,7 +295,7 @@ def encode_reply(reply: RecordDict, instruction: RecordDict, unit_records: set[s
     for key, value in metrics.items():
         if key == NUM_EXAMPLES:
             continue
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_real(value):
             raise ValueError(f"metric {key!r} is not a number ({type(value).__name__}); only scalar metrics "
                              "can be aggregated securely")
         weighted[str(key)] = w * float(value)

@@ -90,6 +90,7 @@ from common.checkpoint_file import (JOURNAL_START, UNREADABLE, CheckpointError, 
                                     journal_line, load_checkpoint, read_journal, save_checkpoint)
 from common.config import ConfigError, is_inert
 from common.durable import write_atomically
+from common.number_checks import is_int, is_real
 from common.privacy.events import LedgerEntry
 from common.privacy.ledger import PrivacyLedger
 from server.lost_round import LedgerTail, empty_but_counted, not_charged
@@ -224,7 +225,7 @@ def _check_structure(ckpt: dict[str, Any], path: Path) -> None:
 
 
 def _is_duration(value: Any) -> bool:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         return False
     try:
         return 0 <= float(value) < math.inf
@@ -234,7 +235,7 @@ def _is_duration(value: Any) -> bool:
 
 def _is_journal_reference(journal: dict) -> bool:
     length, digest = journal.get("bytes"), journal.get("sha256")
-    return isinstance(length, int) and not isinstance(length, bool) and length >= 0 \
+    return is_int(length) and length >= 0 \
         and isinstance(digest, str) and re.fullmatch(r"[0-9a-f]{64}", digest) is not None
 
 

@@ -29,6 +29,7 @@ import json
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+from common.number_checks import is_int
 from common.privacy.events import LedgerEntry
 
 
@@ -55,7 +56,7 @@ class LedgerTail:
 def parse_tail(info: Mapping) -> LedgerTail | None:
     """The report in an enrollment reply's config record, or None if it has none or a malformed one."""
     lineage, last, entries = (info.get(k) for k in ("ledger-lineage", "ledger-last-round", "ledger-last-entries"))
-    if not isinstance(lineage, str) or isinstance(last, bool) or not isinstance(last, int) \
+    if not isinstance(lineage, str) or not is_int(last) \
             or not isinstance(entries, str):
         return None
     if len(entries) > MAX_REPORT:

@@ -13,6 +13,7 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 from flwr.app import ArrayRecord, Message, MetricRecord
 
+from common.number_checks import is_real
 from common.records import ARRAYS, MAX_ABS_VALUE, METRICS, NUM_EXAMPLES, magnitude_problem  # noqa: F401 (re-exported)
 
 
@@ -63,7 +64,7 @@ def read_payload(array) -> np.ndarray | str:
 def examples_problem(metric: MetricRecord, max_examples: int | None) -> str | None:
     """Why the reply's example count (its aggregation weight) cannot be used, or None."""
     n = metric.get(NUM_EXAMPLES)
-    if not isinstance(n, (int, float)) or isinstance(n, bool) or not np.isfinite(n) or n <= 0:
+    if not is_real(n) or not np.isfinite(n) or n <= 0:
         return f"{NUM_EXAMPLES!r} must be a positive number, got {n!r}"
     if max_examples is not None and n > max_examples:
         return f"{NUM_EXAMPLES!r} = {n} exceeds the {max_examples} examples the node enrolled with"

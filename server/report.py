@@ -56,6 +56,7 @@ import numpy as np
 
 from common.config import SCHEMA, ConfigError, defaults, drop_unread, is_inert, validate
 from common.durable import write_atomically
+from common.number_checks import is_int, is_real
 from server.results import is_measured
 
 APP_DIR = Path(__file__).resolve().parents[1]
@@ -295,7 +296,7 @@ def _preset_overrides(ref: str, suite_dir: Path, where: str) -> dict[str, Any]:
 
 def _seeds(value: Any, where: str) -> tuple[int, ...]:
     if (not isinstance(value, list) or not value or
-            not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value)
+            not all(is_int(s) and s >= 0 for s in value)
             or len(set(value)) != len(value)):
         raise ConfigError(f"{where}: seeds must be a non-empty list of distinct non-negative integers; got {value!r}")
     return tuple(value)
@@ -310,7 +311,7 @@ def _overrides_table(value: Any, where: str) -> dict[str, Any]:
 def _number(value: Any, where: str) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if not is_real(value):
         raise ConfigError(f"{where}: expected a number, got {value!r}")
     return float(value)
 

@@ -17,6 +17,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from client.privacy import SERVER_STARTED
+from common.number_checks import is_int
 from common.records import CONFIG
 from server.lost_round import LedgerTail, parse_tail
 
@@ -62,7 +63,7 @@ def _field(info, name: str, node: int) -> int:
     if name not in info:
         raise FederationError(f"node {node}: enrollment reply lacks {name!r}; is it running privfed's ClientApp?")
     value = info[name]
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise FederationError(f"node {node}: enrollment field {name!r} must be an int, got {value!r}")
     return value
 

@@ -126,6 +126,7 @@ from client.secagg import (
     u64b,
     unflatten,
 )
+from common.number_checks import is_int
 from common.records import NUM_EXAMPLES
 from common.secagg import EnrollRequest, MaskedUpdate, RoundAborted, SecAggServer
 from server.delegating_grid import DelegatingGrid
@@ -237,7 +238,7 @@ class SecureAggregationGrid(DelegatingGrid):
                 if req.node_id != src:
                     raise ValueError(f"enrollment names node {req.node_id}")
                 n_ex = cfg["num-examples"]
-                if isinstance(n_ex, bool) or not isinstance(n_ex, int) or n_ex < 0:
+                if not is_int(n_ex) or n_ex < 0:
                     raise ValueError(f"num-examples must be a non-negative integer, got {n_ex!r}")
                 if self.sizes is not None and n_ex > self.sizes.get(src, -1):  # it sets every node's weight scale
                     raise ValueError(f"num-examples {n_ex} is more than the node enrolled with "
@@ -292,7 +293,7 @@ class SecureAggregationGrid(DelegatingGrid):
                 if np.dtype(dtype).kind not in "fiub":  # the sum decodes to numbers only
                     raise ValueError(f"array {key!r} has dtype {dtype!r}, not a number type")
                 if not isinstance(key, str) or not isinstance(shape, list) or not all(
-                        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+                        is_int(s) and s >= 0 for s in shape):
                     raise ValueError(f"bad array entry {key!r}")
             if rec["delta"]:
                 ref = refs.get(name)

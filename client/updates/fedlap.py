@@ -49,6 +49,7 @@ from client.privacy import charge, locked
 from common.fedlap.augment import augment
 from common.fedlap.matching import matching_distance
 from common.fedlap.trust import calibrate_radius, cosine_lr, param_distance
+from common.number_checks import is_real
 from common.privacy.events import post_processing
 from common.privacy.plan import planned_entries
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, load_arrays, magnitude_problem
@@ -63,7 +64,7 @@ LR_KEY = "fedlap-lr"        # eta_m sent by the server (else computed here)
 def instructed_lr(config, instruction) -> float:
     """eta_m: the server's (`fedlap-lr`), else this round's on the run's cosine; a finite number > 0."""
     eta = instruction.get(LR_KEY, round_lr(config, int(instruction["server-round"])))
-    if isinstance(eta, bool) or not isinstance(eta, (int, float)) or not 0 < eta < math.inf:
+    if not is_real(eta) or not 0 < eta < math.inf:
         raise ValueError(f"the instruction's {LR_KEY} must be a finite number > 0, got {eta!r}")
     return float(eta)
 

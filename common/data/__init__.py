@@ -31,6 +31,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from common.config import SCHEMA, resolve_data_dir
+from common.number_checks import is_int
 
 from . import partition
 from .errors import DataFileMissing
@@ -148,7 +149,7 @@ def load_federation(config: Mapping[str, Any]) -> Federation:
 def load_client(config: Mapping[str, Any], partition_id: int) -> ClientData:
     """Client `partition_id`'s data (0 <= partition_id < number of clients)."""
     fed = load_federation(config)
-    if isinstance(partition_id, bool) or not isinstance(partition_id, (int, np.integer)):
+    if not is_int(partition_id):
         raise ValueError(f"partition_id must be an int, got {partition_id!r} ({type(partition_id).__name__})")
     if not 0 <= int(partition_id) < fed.num_clients:
         raise ValueError(f"partition_id {partition_id} is out of range: the {_get(config, 'dataset')!r} "

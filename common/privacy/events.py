@@ -41,6 +41,8 @@ from typing import Any
 
 import dp_accounting as dpa
 
+from common.number_checks import is_int, is_real
+
 KINDS = ("dpsgd", "gaussian", "zcdp", "pure", "post-processing")
 RELATIONS = ("add-remove", "replace-one", "any")
 
@@ -118,11 +120,11 @@ class LedgerEntry:
 
 
 def _is_count(value: Any, low: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+    return is_int(value) and value >= low
 
 
 def _is_positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
+    return is_real(value) and 0 < value < math.inf
 
 
 # each kind's params that set its cost, and what they must be: the constructors below only make valid ones,

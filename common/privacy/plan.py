@@ -12,6 +12,7 @@ import functools
 import math
 from typing import Any, Mapping
 
+from common.number_checks import is_real
 from common.privacy.events import (ALI_PAPER_MU_ASSUMPTION, FEDLAP_LABELS_ASSUMPTION, LedgerEntry, dpsgd_steps,
                                    objective_perturbation_release, output_perturbation_release)
 
@@ -124,7 +125,7 @@ def prox_mu(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> float:
     """The mu of the local objective's proximal term (Thm 6.3): the instruction's, else the run's prox-mu.
     Under objective perturbation mu enters the epsilon charged, so only the run's own mu is accepted."""
     mu = instruction.get("proximal-mu", config["prox-mu"])
-    if isinstance(mu, bool) or not isinstance(mu, (int, float)) or not 0 <= mu < math.inf:
+    if not is_real(mu) or not 0 <= mu < math.inf:
         raise ValueError(f"the instruction's proximal-mu must be a finite number >= 0, got {mu!r}")
     mu = float(mu)
     if config["privacy"] == "objective" and mu != float(config["prox-mu"]):

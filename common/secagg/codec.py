@@ -51,12 +51,12 @@ from __future__ import annotations
 
 import hashlib
 import math
-import numbers
 import struct
 from dataclasses import dataclass
 
 import numpy as np
 
+from common.number_checks import is_int, is_real
 from .prf import word_dtype
 
 __all__ = ["CodecParams", "CodecRangeError", "FixedPointCodec"]
@@ -92,7 +92,7 @@ class CodecParams:
     def __post_init__(self) -> None:
         for name in ("mod_bits", "frac_bits", "max_clients"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            if not is_int(v):
                 raise TypeError(f"CodecParams.{name} must be an int, got {v!r}")
         if not 2 <= self.mod_bits <= 64:
             raise ValueError(f"mod_bits must be in [2, 64], got {self.mod_bits}")
@@ -100,9 +100,7 @@ class CodecParams:
             raise ValueError(f"frac_bits must be in [0, 1000], got {self.frac_bits}")
         if self.max_clients < 1:
             raise ValueError(f"max_clients must be >= 1, got {self.max_clients}")
-        if isinstance(self.clip, bool) or not (
-            isinstance(self.clip, numbers.Real) and math.isfinite(self.clip) and self.clip > 0
-        ):
+        if not (is_real(self.clip) and math.isfinite(self.clip) and self.clip > 0):
             raise ValueError(f"clip must be a finite positive number, got {self.clip!r}")
         object.__setattr__(self, "clip", float(self.clip))
         limit = (1 << (self.mod_bits - 1)) - 1

@@ -27,13 +27,13 @@ the vector's contents; it is what the tag authenticates (with the vector).
 from __future__ import annotations
 
 import hashlib
-import numbers
 import struct
 from dataclasses import dataclass, field, fields
 from typing import Any, Mapping
 
 import numpy as np
 
+from common.number_checks import is_int
 from .auth import KIND_REVEAL, KIND_UPDATE
 from .keys import check_u64, u64
 
@@ -58,18 +58,14 @@ def _ids(values: Any, name: str) -> tuple[int, ...]:
     return ids
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, numbers.Integral) and not isinstance(v, bool)  # numpy's integers too (check_u64 takes them)
-
-
 _FIELD_KINDS: dict[str, tuple[str, Any]] = {  # each message field: (what it must be, the check)
-    **{name: ("an int", _is_int) for name in ("run_id", "round", "node_id")},
+    **{name: ("an int", is_int) for name in ("run_id", "round", "node_id")},
     **{name: ("bytes", lambda v: isinstance(v, bytes))
        for name in ("public_key", "server_public_key", "context", "tag")},
-    **{name: ("a tuple of ints", lambda v: isinstance(v, tuple) and all(map(_is_int, v)))
+    **{name: ("a tuple of ints", lambda v: isinstance(v, tuple) and all(map(is_int, v)))
        for name in ("selected", "survivors", "dropped")},
     "public_keys": ("a mapping of ints to bytes",
-                    lambda v: isinstance(v, Mapping) and all(_is_int(k) and isinstance(b, bytes) for k, b in v.items())),
+                    lambda v: isinstance(v, Mapping) and all(is_int(k) and isinstance(b, bytes) for k, b in v.items())),
     "metric_keys": ("a tuple of str", lambda v: isinstance(v, tuple) and all(isinstance(k, str) for k in v)),
     "layout": ("a str", lambda v: isinstance(v, str)),
     **{name: ("a numpy array", lambda v: isinstance(v, np.ndarray)) for name in ("masked", "masks")},

@@ -45,6 +45,7 @@ import numpy as np
 from cryptography.hazmat.primitives import hashes, hmac
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
+from common.number_checks import is_int
 from .keys import SEED_BYTES, check_u64
 
 __all__ = ["DOMAIN_TAG", "MAX_WORDS_BYTES", "word_dtype", "nonce", "round_key", "MaskGenerator", "mask_vector"]
@@ -57,7 +58,7 @@ _CHUNK_BYTES = 1 << 18  # 256 KiB: a keystream chunk plus a slice of the vector 
 
 def word_dtype(bits: int) -> np.dtype:
     """Little-endian uint32 for bits <= 32, uint64 otherwise (1 <= bits <= 64)."""
-    if isinstance(bits, bool) or not isinstance(bits, (int, np.integer)) or not 1 <= bits <= 64:
+    if not is_int(bits) or not 1 <= bits <= 64:
         raise ValueError(f"bits must be an int in [1, 64], got {bits!r}")
     return np.dtype("<u4") if bits <= 32 else np.dtype("<u8")
 
@@ -137,7 +138,7 @@ def mask_vector(seed: bytes, round_: int, length: int, bits: int, context: bytes
 
     dtype uint32 if bits <= 32 else uint64 (little-endian).
     """
-    if isinstance(length, bool) or not isinstance(length, (int, np.integer)) or length < 0:
+    if not is_int(length) or length < 0:
         raise ValueError(f"length must be a non-negative int, got {length!r}")
     dtype = word_dtype(bits)
     out = np.zeros(int(length), dtype=dtype)

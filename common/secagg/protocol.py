@@ -112,6 +112,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from common.number_checks import is_int
 from .auth import KIND_REVEAL, KIND_UPDATE, compute_tag, verify_tag
 from .codec import CodecParams, CodecRangeError, FixedPointCodec
 from .errors import (
@@ -162,7 +163,7 @@ class SecAggParams:
     def __post_init__(self) -> None:
         if not isinstance(self.codec, CodecParams):
             raise TypeError("SecAggParams.codec must be a CodecParams")
-        if isinstance(self.min_survivors, bool) or not isinstance(self.min_survivors, int):
+        if not is_int(self.min_survivors):
             raise TypeError(f"min_survivors must be an int, got {self.min_survivors!r}")
         if self.min_survivors < 2:
             raise ValueError(f"min_survivors must be >= 2, got {self.min_survivors}")
@@ -673,7 +674,7 @@ class SecAggServer:
                 f"{len(sel)} selected nodes exceed the codec headroom max_clients="
                 f"{self.params.codec.max_clients}"
             )
-        if dim is not None and (isinstance(dim, bool) or not isinstance(dim, int) or dim < 0):
+        if dim is not None and (not is_int(dim) or dim < 0):
             raise ValueError(f"dim must be a non-negative int, got {dim!r}")
         ctx = round_context(self._fp, self.run_id, round_, {j: self._keys[j] for j in sel})
         self._r = _Round(round=round_, selected=sel, context=ctx, dim=dim)

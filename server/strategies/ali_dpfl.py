@@ -32,6 +32,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg as FlowerFedAvg
 
 from client.privacy import BUDGET_EXHAUSTED
+from common.number_checks import is_real
 from common.privacy import ali
 from common.privacy.plan import ali_iteration_budget
 from common.records import ARRAYS, CONFIG, METRICS, arrays_to_vector
@@ -199,7 +200,7 @@ def _grad_diffs(replies: list[Message]) -> dict[int, float]:
     for r in replies:
         record = None if r.has_error() else r.content.get(METRICS)
         value = record.get(GRAD_DIFF_METRIC) if isinstance(record, MetricRecord) else None
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if is_real(value):
             out[r.metadata.src_node_id] = float(value)
     return out
 

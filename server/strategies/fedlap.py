@@ -37,6 +37,7 @@ from common.data import load_federation
 from common.fedlap.augment import augment
 from common.fedlap.trust import param_distance, vote_radius
 from common.models import build_model
+from common.number_checks import is_real
 from common.records import NUM_EXAMPLES, load_arrays, model_to_arrays
 from common.seeding import global_torch_rng, torch_generator
 from server.replies import CLIENT_ERROR, DROPPING, examples_problem, magnitude_problem, read_payload
@@ -79,7 +80,7 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
         return f"expected {ipc} images per class (ipc x classes = {ipc * len(classes)}), got counts {counts.tolist()}"
     radius = metric.get(RADIUS)
     # 0 is honest: calibrate_radius gives 0 when steps on S_k do not move the model (a saturated softmax)
-    if not isinstance(radius, (int, float)) or isinstance(radius, bool) or not math.isfinite(radius) or radius < 0:
+    if not is_real(radius) or not math.isfinite(radius) or radius < 0:
         return f"{RADIUS!r} must be a finite number >= 0, got {radius!r}"
     if radius > max_radius:  # clients clip r_k to r: a larger one is forged (it would steer a max/median vote)
         return f"{RADIUS!r} = {radius!r} exceeds the trust-region radius r = {max_radius!r}"
