@@ -81,7 +81,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--delta", type=_finite, required=True, help="target delta")
     p.add_argument("--accountant", choices=("rdp", "pld", *PAPER_ACCOUNTANTS), default="rdp",
                    help="rdp, pld or a paper accountant (upcycled-thm6.2, hu-thm1, ali-eq12, fedlap-thm5.8)")
-    p.add_argument("--conversion", choices=("classic", "balle"), default="balle")
+    p.add_argument("--conversion", choices=("classic", "balle"),
+                   help="RDP -> (epsilon, delta) conversion of the RDP figure (default balle)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(func=_run_ledger)
 
@@ -181,6 +182,11 @@ def _run_ledger(args: argparse.Namespace) -> int:
 
     if not 0 < args.delta < 1:  # before reading: each accountant line would only say n/a
         return _fail(f"delta must be in (0, 1), got {args.delta:g}")
+    shows_rdp = args.accountant == "rdp" or (args.accountant == "pld" and not args.json)  # text: rdp and pld
+    if args.conversion and not shows_rdp:  # it would silently change nothing printed
+        return _fail(f"--conversion applies to an RDP figure, which --accountant {args.accountant}"
+                     f"{' --json' if args.json else ''} does not print")
+    args.conversion = args.conversion or "balle"
     try:
         ledger = PrivacyLedger.load(args.path)
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as err:

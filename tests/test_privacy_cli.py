@@ -74,6 +74,23 @@ def test_ledger_report(capsys, tmp_path):
     rc, _, err = _run(capsys, "ledger", str(tmp_path / "missing.json"), "--delta", "1e-5")
     assert rc == 2 and "error" in err
 
+def test_ledger_conversion_changes_the_rdp_figure_and_is_refused_where_none_prints(capsys, tmp_path):
+    path = tmp_path / "ledger.json"
+    PrivacyLedger([dpsgd_steps(0.0256, 1.0, 200, round=1)]).save(path)
+    eps = {c: json.loads(_run(capsys, "ledger", str(path), "--delta", "1e-5", "--json", "--conversion", c)[1])
+           ["epsilon"] for c in ("classic", "balle")}
+    assert eps["balle"] < eps["classic"]
+    rc, _, err = _run(capsys, "ledger", str(path), "--delta", "1e-5", "--accountant", "pld", "--json",
+                      "--conversion", "classic")
+    assert rc == 2 and "--conversion applies to an RDP figure" in err
+    rc, _, err = _run(capsys, "ledger", str(path), "--delta", "1e-5", "--accountant", "hu-thm1", "--conversion",
+                      "balle")
+    assert rc == 2 and "--conversion" in err
+    rc, out, _ = _run(capsys, "ledger", str(path), "--delta", "1e-5", "--accountant", "pld", "--conversion",
+                      "classic")  # the text prints the RDP line too
+    assert rc == 0 and "epsilon [rdp" in out
+
+
 # --- an adversarial review, session 21: each test failed on the code it reviewed ---------------------------
 def _ledger(path, entries):
     lines = [{"format": "privfed-privacy-ledger", "version": 2, "owner": "c0"}, *entries]
