@@ -97,4 +97,22 @@ def test_dp_server_trains_within_the_fixed_radius_r_not_a_client_supplied_one():
         msg.content[SET_KEY]["images"] = Array(images)
     _, metrics = strategy.aggregate_train(1, [honest, forged])
     assert metrics["server-radius"] == pytest.approx(1.5)
-    assert metrics["server-moved"] >= 1.5 or metrics["server-steps"] == 50
+    assert metrics["server-moved"] == pytest.approx(1.5, rel=1e-6) or metrics["server-steps"] == 50
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def test_one_screened_in_reply_moves_the_model_no_further_than_the_trust_region():
+    """Images at the screen's limit (|x| = MAX_ABS_VALUE = 1e6, finite) pass set_problem; one server step on them
+    moved the global model 4.7e5 with r_g = 1, every weight below 1e6, so nothing marked the round diverged. The
+    step that crosses r_g now ends on it (Eq. 14: ||w - w_0|| <= r_g)."""
+    from tests.test_fedlap_end_to_end import _reply as reply_with_images
+
+    strategy = _strategy(**{"fedlap-server-steps": 5, "fedlap-radius": 10.0})
+    start = torch.cat([p.detach().flatten().clone() for p in strategy.model.parameters()])
+    bad = reply_with_images(strategy, 10, np.array([0, 0, 1, 1], np.uint8),
+                            images=np.full((4, *strategy.input_shape), 1e6, np.float32), radius=1.0)
+    good = reply_with_images(strategy, 11, np.array([2, 2, 3, 3], np.uint8), radius=1.0)
+    _, metrics = strategy.aggregate_train(1, [bad, good])
+    moved = float((torch.cat([p.detach().flatten() for p in strategy.model.parameters()]) - start).norm())
+    assert metrics["server-radius"] == 1.0 and metrics["server-steps"] == 1
+    assert moved == pytest.approx(1.0, rel=1e-5) and metrics["server-moved"] == pytest.approx(1.0, rel=1e-5)

@@ -7,15 +7,19 @@ Per round m (learning rate eta_m = cosine over rounds, `common/fedlap/trust.py`)
     up to fedlap-server-steps times:
         w <- w - eta_m * sum_k (N_k / N) grad CE(w; DSA(S_k))      (plain SGD, no momentum)
         stop once ||w - w_0|| >= r_g                               (checked after every step)
+    a step that crosses r_g ends on it: w <- w_0 + r_g (w - w_0) / ||w - w_0||
 
 The weights N_k/N are the paper's Eq. 14 (with equal N_k it is the authors'
 pooled minibatch step). Sets larger than `fedlap-server-batch` contribute a
-random minibatch of that size per step. The server only post-processes what the
+random minibatch of that size per step. The authors' loop (and Alg. 2) can end
+one step outside the trust region; ending on its boundary keeps Eq. 14's
+||w - w_0|| <= r_g, so no reply, however crafted, moves the model further (one
+set of images at the screen's 1e6 limit moved it 4.7e5 with r_g = 1). The server only post-processes what the
 clients released: no privacy event.
 
 Replies carry images, not models, so they get their own screening
 (`set_problem`): shapes, finite values, labels in range, exactly ipc images of
-each present class, a radius in (0, r] and a plausible example count. A
+each present class, a radius in [0, r] and a plausible example count. A
 bad reply is dropped with a log line, never a crash. Secure aggregation cannot
 apply (the server needs the individual sets): `common/config.py` refuses it.
 """
@@ -90,8 +94,8 @@ def set_problem(msg: Message, *, ipc: int, input_shape: tuple[int, ...], num_cla
 def train_on_sets(model: torch.nn.Module, sets: list[tuple[torch.Tensor, torch.Tensor, float]], *, lr: float,
                   radius: float | None, max_steps: int, batch: int, dsa: bool,
                   generator: torch.Generator) -> tuple[int, float, float]:
-    """SGD on sum_k weight_k CE(w; S_k) until ||w - w_0|| >= radius (None: all steps).
-    Returns (steps, distance moved, last loss)."""
+    """SGD on sum_k weight_k CE(w; S_k) until ||w - w_0|| >= radius (None: all steps), the step that
+    crosses it shortened to end on it. Returns (steps, distance moved, loss before the last step)."""
     params = [p for p in model.parameters() if p.requires_grad]
     start = [p.detach().clone() for p in params]
     model.train()
@@ -111,6 +115,11 @@ def train_on_sets(model: torch.nn.Module, sets: list[tuple[torch.Tensor, torch.T
         loss_value = float(loss.detach())
         moved = param_distance(params, start)
         if radius is not None and moved >= radius:
+            if moved > radius:  # back onto the boundary (a NaN model stays NaN: the runner marks it diverged)
+                with torch.no_grad():
+                    for p, p0 in zip(params, start):
+                        p.copy_(p0 + (p - p0) * (radius / moved))
+                moved = param_distance(params, start)
             break
     return steps, moved, loss_value
 
@@ -189,7 +198,7 @@ class FedLap(RosterSampling, FlowerFedAvg):
                 self.model, sets, lr=lr, radius=r_g, max_steps=int(self.config["fedlap-server-steps"]),
                 batch=int(self.config["fedlap-server-batch"]), dsa=bool(self.config["fedlap-dsa"]),
                 generator=torch_generator(seed, "server-fedlap", server_round))
-        # sets that passed the screen can still blow the model up: the runner marks that round diverged
+        # a non-finite model (sets that passed the screen can still overflow a step): the runner marks it diverged
         trained = model_to_arrays(self.model)
         self.last_radius = r_g
         metrics = MetricRecord({"train-loss": loss, "server-steps": steps, "server-moved": moved,
