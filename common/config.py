@@ -589,7 +589,7 @@ def _check_ignored_keys(v: Mapping[str, Scalar]) -> None:
         raise ConfigError(f"local-epochs = {v['local-epochs']} is not read by this run (privacy {v['privacy']!r}, "
                           f"strategy {v['strategy']!r}): DP-SGD runs local-steps, ALI-DPFL the server's tau, "
                           "FedLAP-DP its fedlap-* loop counts, Hu et al. hu-local-steps; set local-epochs = 1")
-    if dpsgd_steps and v["batch-size"] != SCHEMA["batch-size"].default:
+    if v["privacy"] == "dpsgd" and v["batch-size"] != SCHEMA["batch-size"].default:  # FedLAP-DP's real batches too
         raise ConfigError(f"batch-size = {v['batch-size']} is not read by DP-SGD: its lots are Poisson samples of "
                           f"expected size dp-sample-rate * |D_i| (the rate the accountant uses); set dp-sample-rate "
                           f"instead, and batch-size = {SCHEMA['batch-size'].default}")

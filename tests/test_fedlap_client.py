@@ -96,3 +96,20 @@ def test_end_to_end_dp_ledger_has_worst_case_steps(tmp_path):
     entries = PrivacyLedger.load(files[0]).entries
     assert [e.kind for e in entries] == ["dpsgd", "post-processing"] * 2
     assert all(e.params["steps"] == 4 for e in entries if e.kind == "dpsgd")
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def test_dp_real_gradients_use_the_configured_grad_sample_mode(tmp_path, monkeypatch):
+    """dp-grad-sample-mode is read by every privacy = 'dpsgd' client, and validation accepted it for FedLAP-DP,
+    but its real gradients always ran Opacus 'hooks'."""
+    import common.privacy.dpsgd as dpsgd
+
+    modes, real = [], dpsgd.private_gradient
+
+    def spy(*args, **kwargs):
+        modes.append(kwargs["grad_sample_mode"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dpsgd, "private_gradient", spy)
+    _run(tmp_path, privacy="dpsgd", **{"dp-sample-rate": 0.05, "dp-grad-sample-mode": "ghost", "num-rounds": 1})
+    assert modes and set(modes) == {"ghost"}

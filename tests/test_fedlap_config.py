@@ -80,3 +80,12 @@ def test_round_lr_follows_the_authors_cosine_and_keeps_the_last_round_positive()
     assert rates[0] == pytest.approx(0.1) and rates[-1] > 1e-3
     assert all(a > b for a, b in zip(rates, rates[1:]))
     assert round_lr(validate({"strategy": "fedlap", "dataset": "mnist", "fedlap-lr-rounds": 3}), 3) == pytest.approx(1e-6)
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def test_dp_fedlap_refuses_a_batch_size_it_does_not_read():
+    """FedLAP-DP's real batches are Poisson samples at dp-sample-rate; batch-size = 77 was accepted and ignored."""
+    with pytest.raises(ConfigError, match="batch-size = 77 is not read by DP-SGD"):
+        validate({"strategy": "fedlap", "privacy": "dpsgd", "dataset": "synthetic", "fedlap-dsa": False,
+                  "target-epsilon": 5.0, "batch-size": 77})
+    validate({"strategy": "fedlap", "dataset": "synthetic", "fedlap-dsa": False, "batch-size": 77})  # non-DP reads it

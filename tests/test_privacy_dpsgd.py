@@ -199,3 +199,33 @@ def test_ghost_clipping_refuses_a_custom_loss():
     with pytest.raises(ValueError, match="ghost"):
         DpSgd(nn.Linear(3, 2), dataset_size=10, sample_rate=0.5, max_grad_norm=1.0, noise_multiplier=1.0, lr=0.1,
               grad_sample_mode="ghost", loss_fn=lambda out, y: out.sum())
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+class _UnusedHead(nn.Module):
+    """A trainable parameter the forward pass never reaches (an unused head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.spare = nn.Linear(6, 3), nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("mode", ["hooks", "functorch", "ew", "ghost"])
+def test_a_parameter_the_forward_pass_does_not_reach_has_zero_gradient(mode):
+    """Opacus stopped at the first non-empty batch ("Per sample gradient is not initialized"; ghost: no
+    _norm_sample), after the round's charge. Its per-sample gradient is zero: the used layer moves exactly as
+    it does in a model without the unused one, and the unused one does not move without noise."""
+    x, y = _data()
+    torch.manual_seed(0)
+    model = _UnusedHead()
+    alone = nn.Sequential(nn.Linear(6, 3))
+    alone.load_state_dict({f"0.{k}": v for k, v in model.body.state_dict().items()})
+    spare = [p.detach().clone() for p in model.spare.parameters()]
+    for m in (model, alone):
+        dpsgd_train(m, x, y, steps=3, sample_rate=0.5, max_grad_norm=0.5, noise_multiplier=0.0, lr=1.0, seed=1,
+                    grad_sample_mode=mode)
+    assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(model.body.parameters(), alone.parameters()))
+    assert all(torch.equal(p, s) for p, s in zip(model.spare.parameters(), spare))

@@ -114,7 +114,7 @@ def synthesise(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, images:
                dp: dict | None = None) -> dict:
     """The FedLAP client loop, in place on `images` (and on the model's weights, which end
     wherever the last trajectory left them: reload w_g before reusing the model).
-    `dp`: None, or {sample_rate, max_grad_norm, noise_multiplier} for DP-SGD real gradients.
+    `dp`: None, or {sample_rate, max_grad_norm, noise_multiplier, grad_sample_mode} for DP-SGD real gradients.
     Returns counters: real gradient accesses, image steps, model steps, last matching loss."""
     from common.privacy.dpsgd import private_gradient
 
@@ -194,7 +194,8 @@ def fedlap_update(client, content: RecordDict, state: RecordDict) -> RecordDict:
     dp = None
     if private:
         dp = {"sample_rate": float(config["dp-sample-rate"]), "max_grad_norm": float(config["dp-clip"]),
-              "noise_multiplier": float(config["dp-noise-multiplier"])}
+              "noise_multiplier": float(config["dp-noise-multiplier"]),
+              "grad_sample_mode": str(config["dp-grad-sample-mode"])}
     counts = synthesise(
         model, client.x, client.y, images, labels,
         restarts=int(config["fedlap-restarts"]), max_outer=int(config["fedlap-max-outer"]),

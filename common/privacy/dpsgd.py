@@ -155,11 +155,13 @@ class DpSgd:
                 else:
                     p.grad = torch.zeros_like(p)
         else:
+            self._zero_unreached(len(xb), before_backward=True)
             with warnings.catch_warnings():
                 # Opacus' hooks on a first layer whose input needs no gradient: harmless.
                 warnings.filterwarnings("ignore", message="Full backward hook is firing")
                 loss = (self._ghost_loss or self.loss_fn)(self.gsm(xb), yb)
                 loss.backward()  # ghost: two passes, p.grad = the clipped sum
+            self._zero_unreached(len(xb), before_backward=False)
             loss_value = float(loss.detach())
         if self.optimizer.pre_step():  # clip, sum, noise, divide by q|D|
             if self.regularizer is not None:
@@ -170,6 +172,19 @@ class DpSgd:
                         p.grad.add_(g)
             self.optimizer.original_optimizer.step()
         return loss_value
+
+    def _zero_unreached(self, batch: int, before_backward: bool) -> None:
+        """A trainable parameter the forward pass does not reach (an unused head) has gradient zero for
+        every sample; Opacus would stop at it ("Per sample gradient is not initialized"). Ghost clipping
+        reads per-sample norms, which the backward hooks overwrite for the parameters they reach."""
+        for p in self.params:
+            if self._ghost_loss is not None:
+                if before_backward:
+                    p._norm_sample = torch.zeros(batch, dtype=p.dtype, device=p.device)
+                elif p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            elif not before_backward and p.grad_sample is None:
+                p.grad_sample = torch.zeros((batch, *p.shape), dtype=p.dtype, device=p.device)
 
     def close(self) -> None:
         if self._closed:
