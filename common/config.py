@@ -646,6 +646,12 @@ def _check_upcycled_private(v: Mapping[str, Scalar]) -> None:
         raise ConfigError("privacy = 'objective' is accounted by Upcycled-FL Thm 6.3, which needs the "
                           "mu-strongly convex local objective F_i + mu/2 ||w - w_global||^2: set strategy = "
                           f"'fedprox' and prox-mu > 0 (got strategy {v['strategy']!r}, prox-mu {v['prox-mu']})")
+    if v["privacy"] == "objective":  # Thm 6.3's epsilon is largest at |D_i| = 1: it must be a number
+        worst = 2 * v["objective-alpha"] * v["objective-u1"] + 2.8 * v["objective-u2"] / v["prox-mu"]
+        if not math.isfinite(worst):
+            raise ConfigError(f"objective-alpha = {v['objective-alpha']:g}, objective-u1 = {v['objective-u1']:g}, "
+                              f"objective-u2 = {v['objective-u2']:g} and prox-mu = {v['prox-mu']:g} make Thm 6.3's "
+                              f"per-release epsilon (2 alpha u1 mu + 2.8 u2) / (|D_i| mu) overflow")
     model = resolve_model_name(str(v["model"]), str(v["dataset"]))
     if v["privacy"] == "objective" and model != "logreg":
         raise ConfigError(f"privacy = 'objective' is accounted by Upcycled-FL Thm 6.3, which needs a convex GLM "

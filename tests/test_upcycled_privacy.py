@@ -178,3 +178,15 @@ def test_objective_perturbation_with_thm63_condition_violated_is_a_config_error_
     client.node._local.clear()
     with pytest.raises(ConfigError, match="objective-u2|prox-mu"):
         run_inprocess(config, console=Console(file=io.StringIO()), threads=1)
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+@pytest.mark.parametrize("overrides", [{"objective-alpha": 1e308}, {"objective-u1": 1e308},
+                                       {"objective-alpha": 1e200, "objective-u1": 1e200},
+                                       {"objective-u2": 1e308, "prox-mu": 0.01}])
+def test_objective_constants_whose_thm63_epsilon_overflows_are_refused_by_validation(overrides):
+    """Finite keys whose Thm 6.3 epsilon is infinite passed validation; the run died in round 1 in the server's
+    ledger planning with "epsilon must be a positive finite number; got inf", naming no key."""
+    with pytest.raises(ConfigError, match="objective-alpha = .* overflow"):
+        validate({"dataset": "synthetic", "num-clients": 3, "synthetic-dim": 5, "strategy": "fedprox",
+                  "prox-mu": 0.5, "privacy": "objective", **overrides})
