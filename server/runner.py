@@ -153,6 +153,12 @@ def in_sent_order(messages: list[Message], replies: Iterable[Message]) -> list[M
     return sorted(replies, key=lambda r: position.get(r.metadata.src_node_id, len(position)))
 
 
+def secure_abort_text(report) -> str:
+    """Why a secure round was aborted, with the first node it dropped (e.g. a value beyond secagg-clip)."""
+    first = next((f"node {n}: {why}" for n, why in sorted(report.problems.items())), "")
+    return report.aborted + (f"; the first drop, {first}" if first else "")
+
+
 def divergence(arrays) -> str | None:
     """Why no client can train on the server's new global model: its own step (FedYogi's, SCAFFOLD's, an
     Upcycled extrapolation) made it non-finite, or larger than any reply may be (server/replies.py)."""
@@ -249,6 +255,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
 
     num_rounds = int(config["num-rounds"])
     updated, failure, refusal = resumed is not None, "", ""  # the first client error; the first budget refusal
+    aborted = ""  # why secure aggregation first aborted a round
     diverged = None
     for server_round in range(first_round, num_rounds + 1):
         metered.reset()
@@ -274,6 +281,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
                                    if r.has_error() and r.error.code != BUDGET_EXHAUSTED), "")
         refusal = refusal or next((r.error.reason for r in replies
                                    if r.has_error() and r.error.code == BUDGET_EXHAUSTED), "")
+        if grid_for_strategy is not metered and not aborted and grid_for_strategy.report.aborted:
+            aborted = secure_abort_text(grid_for_strategy.report)
         if aggregated is not None:
             arrays, updated = aggregated, True
             if diverged := divergence(arrays):
@@ -320,6 +329,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
 
     if not updated:  # e.g. an unwritable state-dir, a spent budget: the run must not look like a result
         why = (f"clients failed: {failure}" if failure else f"clients refused: {refusal}" if refusal
+               else f"secure aggregation aborted: {aborted}" if aborted
                else f"no reply was usable; the first: {dropped[0]}" if dropped else "no client replied")
         raise RuntimeError(f"no round updated the model; {why}")
     final = writer.rows[-1]

@@ -61,7 +61,8 @@ metadata (src node id = s, reply-to = s's instruction), holding:
   cast back to each array's dtype;
 * one MetricRecord: `num-examples` = 1, each metric's examples-weighted mean
   sum_i w_i m_i / W, and `secagg-clients` = |S|, `secagg-dropped`,
-  `secagg-examples` = W * n_max (the round's total training examples).
+  `secagg-examples` = W * n_max (the round's total training examples, as decoded: each weight is on the codec's
+  fixed-point grid, so it is within |S| * n_max * 2^-frac_bits of the true count).
 
 Error replies of the inner grid (a client that raised, or refused the round
 for its privacy budget) are passed up unchanged after the synthetic replies:
@@ -103,6 +104,7 @@ from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 
 from client.secagg import (
@@ -343,7 +345,7 @@ class SecureAggregationGrid(DelegatingGrid):
             ttl = m.metadata.ttl if timeout is None else min(m.metadata.ttl, timeout)
             out.append(Message(content, dst_node_id=n, message_type=m.metadata.message_type, ttl=ttl,
                                group_id=m.metadata.group_id))
-        replies = list(self.inner.send_and_receive(out, timeout=timeout))
+        replies = self._from_nodes(self.inner.send_and_receive(out, timeout=timeout), out, t)
         report.round_trips = 1
         accepted, errors, layout = self._collect(replies, by_node, refs, report)
         for n in self.server.pending():
@@ -448,13 +450,28 @@ class SecureAggregationGrid(DelegatingGrid):
                  f"({problem}); the round aborts (revealing its masks would unmask it) and the node is left out "
                  "of later rounds")
 
+    def _from_nodes(self, replies: Iterable[Message], sent: list[Message], t: int) -> list[Message]:
+        """The nodes' replies. Flower's SuperLink answers for a node whose instruction expired unanswered
+        (src = the SuperLink's own id, reply_to = the instruction): logged under that node, which has not
+        replied and is dropped as such."""
+        node_of = {m.metadata.message_id: m.metadata.dst_node_id for m in sent if m.metadata.message_id}
+        kept = []
+        for reply in replies:
+            node = node_of.get(reply.metadata.reply_to_message_id)
+            if reply.metadata.src_node_id != SUPERLINK_NODE_ID or node is None:
+                kept.append(reply)
+                continue
+            why = _short(reply.error.reason) if reply.has_error() else "a reply without content"
+            self.log(f"secure aggregation round {t}: the SuperLink answered for node {node}: {why}")
+        return kept
+
     def _reveal(self, request, timeout: float | None, report: RoundReport) -> None:
         t = request.round
         self.log(f"secure aggregation round {t}: {len(request.dropped)} dropped; asking "
                  f"{len(request.survivors)} survivors to reveal their masks with them")
         msgs = [Message(reveal_request_to_content(request), dst_node_id=s, message_type=REVEAL_TYPE)
                 for s in request.survivors]
-        replies = list(self.inner.send_and_receive(msgs, timeout=timeout))
+        replies = self._from_nodes(self.inner.send_and_receive(msgs, timeout=timeout), msgs, t)
         report.round_trips += 1
         for reply in replies:
             node = reply.metadata.src_node_id

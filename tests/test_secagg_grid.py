@@ -412,3 +412,61 @@ def test_a_round_whose_decoded_sum_is_unusable_counts_every_reply_failed(tmp_pat
     monkeypatch.setattr(client_secagg, "encode_reply", inflated_in_round_1)
     _, rows, _, _ = run(tmp_path, "w", **{"num-rounds": 2, "secure-aggregation": True})
     assert [(r["clients"], r["failed"]) for r in rows] == [(4, 4), (4, 0)], rows
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+ALL_OUT_OF_RANGE = {"num-clients": 3, "num-rounds": 1, "seed": 7, "dataset": "synthetic",
+                    "secure-aggregation": True, "secagg-clip": 1.0, "lr": 30.0, "run-name": "rv"}
+
+
+def test_a_run_whose_every_round_secure_aggregation_aborted_says_so(tmp_path):
+    """Every client's update left the codec range (lr 30, secagg-clip 1): each replied without a vector, the
+    round was aborted, and the run ended "no round updated the model; no client replied" (pointing at the
+    network, not at secagg-clip); the abort line said "0 of 3 selected nodes replied"."""
+    config = validate({**ALL_OUT_OF_RANGE, "results-dir": str(tmp_path / "r"), "state-dir": str(tmp_path / "s")})
+    buffer = io.StringIO()
+    with InProcessGrid(CLIENT_APP, dict(config), 3) as grid, pytest.raises(RuntimeError) as info:
+        run_federation(grid, config, Console(file=buffer, width=400), round_lines=False)
+    assert buffer.getvalue().count("client could not mask its update") == 3
+    assert "0 of 3 selected nodes sent a masked update" in buffer.getvalue()
+    assert "secure aggregation aborted: round 1 aborted" in str(info.value)
+    assert "codec range [-1, 1] (secagg-clip)" in str(info.value)
+
+
+class ExpiresOne:
+    """In the first train round, node[0]'s reply is the one Flower's SuperLink hands the ServerApp when an
+    instruction expired unanswered: an error from SUPERLINK_NODE_ID (1) whose reply_to is the instruction."""
+
+    def __init__(self, inner):
+        self.inner, self.done = inner, False
+
+    def send_and_receive(self, messages, *, timeout=None):
+        from flwr.server.superlink.linkstate.utils import create_message_error_unavailable_res_message
+
+        messages = list(messages)
+        replies = list(self.inner.send_and_receive(messages, timeout=timeout))
+        if self.done or not messages or messages[0].metadata.message_type != "train":
+            return replies
+        self.done = True
+        victim = sorted(self.inner.get_node_ids())[0]
+        instruction = next(m for m in messages if m.metadata.dst_node_id == victim)
+        expired = create_message_error_unavailable_res_message(instruction.metadata, "msg_unavail")
+        return [r for r in replies if r.metadata.src_node_id != victim] + [expired]
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_the_superlinks_answer_for_an_expired_instruction_names_the_node(tmp_path):
+    """Under `flwr run` each expired train instruction was logged "ignoring an unexpected reply from node 1":
+    there is no node 1 (the SuperLink's own id), and the node whose instruction expired went unnamed."""
+    config = validate({"num-clients": 3, "num-rounds": 1, "seed": 7, "dataset": "synthetic",
+                       "secure-aggregation": True, "run-name": "exp", "results-dir": str(tmp_path / "r"),
+                       "state-dir": str(tmp_path / "s")})
+    buffer = io.StringIO()
+    with InProcessGrid(CLIENT_APP, dict(config), 3) as grid:
+        run_federation(ExpiresOne(grid), config, Console(file=buffer, width=400), round_lines=False)
+        victim = sorted(grid.get_node_ids())[0]
+    log = buffer.getvalue()
+    assert f"the SuperLink answered for node {victim}" in log and f"node {victim} did not reply; dropped" in log
+    assert "unexpected reply from node 1" not in log

@@ -793,7 +793,7 @@ class SecAggServer:
         r.survivors = tuple(sorted(r.received))
         if len(r.survivors) < self.params.min_survivors:
             self._abort(
-                r, f"{len(r.survivors)} of {len(r.selected)} selected nodes replied, fewer than"
+                r, f"{len(r.survivors)} of {len(r.selected)} selected nodes sent a masked update, fewer than"
                 f" min_survivors={self.params.min_survivors}"
             )
             return None
