@@ -647,8 +647,8 @@ def _check_upcycled_private(v: Mapping[str, Scalar]) -> None:
                           "mu-strongly convex local objective F_i + mu/2 ||w - w_global||^2: set strategy = "
                           f"'fedprox' and prox-mu > 0 (got strategy {v['strategy']!r}, prox-mu {v['prox-mu']})")
     if v["privacy"] == "objective":  # Thm 6.3's epsilon is largest at |D_i| = 1: it must be a number
-        worst = 2 * v["objective-alpha"] * v["objective-u1"] + 2.8 * v["objective-u2"] / v["prox-mu"]
-        if not math.isfinite(worst):
+        worst = 2 * v["objective-alpha"] * v["objective-u1"] + 2.8 * v["objective-u2"] / v["prox-mu"]  # the
+        if not math.isfinite(worst):  # accountant's arithmetic (upcycled_objective_epsilon) at |D_i| = 1
             raise ConfigError(f"objective-alpha = {v['objective-alpha']:g}, objective-u1 = {v['objective-u1']:g}, "
                               f"objective-u2 = {v['objective-u2']:g} and prox-mu = {v['prox-mu']:g} make Thm 6.3's "
                               f"per-release epsilon (2 alpha u1 mu + 2.8 u2) / (|D_i| mu) overflow")

@@ -221,3 +221,16 @@ def test_two_neighbouring_relations_give_no_epsilon_but_a_readable_summary():
         ledger.epsilon(DELTA)
     text = "\n".join(ledger.summary_lines(DELTA))
     assert "epsilon [rdp]: n/a" in text and "add-remove, replace-one" in text
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def test_an_entry_with_a_numpy_count_is_refused_where_it_is_made():
+    """A NumPy step count passed LedgerEntry's check (for one commit) and then failed to be written: JSON
+    refuses int64. The constructor only makes entries the ledger can record."""
+    import numpy as np
+
+    from common.privacy.events import LedgerEntry
+
+    params = {"sample_rate": 0.1, "noise_multiplier": 1.5, "steps": np.int64(10), "relation": "add-remove"}
+    with pytest.raises(ValueError, match="steps"):
+        LedgerEntry("dpsgd", params)

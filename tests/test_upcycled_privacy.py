@@ -190,3 +190,15 @@ def test_objective_constants_whose_thm63_epsilon_overflows_are_refused_by_valida
     with pytest.raises(ConfigError, match="objective-alpha = .* overflow"):
         validate({"dataset": "synthetic", "num-clients": 3, "synthetic-dim": 5, "strategy": "fedprox",
                   "prox-mu": 0.5, "privacy": "objective", **overrides})
+
+
+@pytest.mark.parametrize("overrides", [{"prox-mu": 1e200, "objective-u1": 1e200}, {"prox-mu": 1e306}])
+def test_objective_constants_the_check_accepts_plan_a_finite_epsilon(overrides):
+    """The check above and the accountant computed Thm 6.3 differently: (2 alpha u1 mu + 2.8 u2) / (|D_i| mu)
+    overflowed in the accountant (epsilon inf, or 0.0 from n mu = inf) where the check's form did not."""
+    from common.privacy.plan import planned_entries
+
+    config = validate({"dataset": "synthetic", "num-clients": 3, "synthetic-dim": 5, "strategy": "fedprox",
+                       "privacy": "objective", **overrides})
+    (entry,) = planned_entries(config, {"server-round": 1, "train-round": 1}, dataset_size=300)
+    assert 0 < entry.params["epsilon"] < math.inf

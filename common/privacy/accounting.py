@@ -550,7 +550,7 @@ def upcycled_objective_epsilon(alphas: Sequence[float], u1: float, u2: float, mu
         raise ValueError("objective perturbation needs |D_i| > 0 and mu > 0")
     if not thm63_holds(u2, mu, n):
         raise ValueError(f"Thm 6.3 needs u2 <= 0.5 |D_i| mu; got u2={u2}, |D_i|={n}, mu={mu}")
-    return sum((2 * a * u1 * mu + 2.8 * u2) / (n * mu) for a in alphas)
+    return sum(2 * a * u1 / n + 2.8 * u2 / n / mu for a in alphas)  # divided first: no product overflows
 
 
 def hu_rho(participations: int, local_steps: int, clip_norm: float, dataset_size: int, batch_size: int,

@@ -41,8 +41,6 @@ from typing import Any
 
 import dp_accounting as dpa
 
-from common.number_checks import is_int, is_real
-
 KINDS = ("dpsgd", "gaussian", "zcdp", "pure", "post-processing")
 RELATIONS = ("add-remove", "replace-one", "any")
 
@@ -119,12 +117,13 @@ class LedgerEntry:
         return where + what
 
 
+# Plain Python numbers only (not common.number_checks'): the ledger writes params as JSON, which refuses NumPy's.
 def _is_count(value: Any, low: int) -> bool:
-    return is_int(value) and value >= low
+    return type(value) is int and value >= low
 
 
 def _is_positive(value: Any) -> bool:
-    return is_real(value) and 0 < value < math.inf
+    return type(value) in (int, float) and 0 < value < math.inf
 
 
 # each kind's params that set its cost, and what they must be: the constructors below only make valid ones,
