@@ -13,9 +13,10 @@ The weights N_k/N are the paper's Eq. 14 (with equal N_k it is the authors'
 pooled minibatch step). Sets larger than `fedlap-server-batch` contribute a
 random minibatch of that size per step. The authors' loop (and Alg. 2) can end
 one step outside the trust region; ending on its boundary keeps Eq. 14's
-||w - w_0|| <= r_g (to float32 rounding), so no reply, however crafted, moves the model further (one
-set of images at the screen's 1e6 limit moved it 4.7e5 with r_g = 1). The server only post-processes what the
-clients released: no privacy event.
+||w - w_0|| <= r_g (to float32 rounding), so no reply, however crafted, moves
+the model further (one set at the screen's 1e6 limit moved it 4.7e5 with
+r_g = 1). The server only post-processes what the clients released: no
+privacy event.
 
 Replies carry images, not models, so they get their own screening
 (`set_problem`): shapes, finite values, labels in range, exactly ipc images of
