@@ -18,7 +18,7 @@ from client.updates.fedlap import instructed_lr
 from common.evaluation import evaluate
 from common.number_checks import is_int
 from common.privacy.ali import GRAD_DIFF_METRIC
-from common.privacy.plan import is_private, local_epochs, local_steps, planned_entries, prox_mu
+from common.privacy.plan import BeyondBudget, is_private, local_epochs, local_steps, planned_entries, prox_mu
 from common.records import ARRAYS, CONFIG, METRICS, NUM_EXAMPLES, fitting_state, load_arrays
 from common.seeding import global_torch_rng
 
@@ -152,7 +152,10 @@ def check_instruction(client, content: RecordDict) -> None:
     if "local-epochs" in instruction:
         local_epochs(client.config, instruction)
     if client.config["privacy"] == "dpsgd" and client.config["strategy"] != "fedlap":
-        local_steps(client.config, instruction)
+        try:
+            local_steps(client.config, instruction)
+        except BeyondBudget as over:  # the server retires a refusing node, and takes back the steps it planned
+            raise BudgetExhausted(f"refused: {over}") from None
     if client.config["strategy"] == "fedprox":
         prox_mu(client.config, instruction)
     if client.config["strategy"] == "fedlap":

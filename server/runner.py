@@ -261,8 +261,14 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         metered.reset()
         screened[0] = 0
         t0 = time.perf_counter()
-        if not active_partitions(strategy):
+        active = len(active_partitions(strategy))
+        if not active:
             log("no client can train (each spent its privacy budget or was left out by secure aggregation); "
+                f"ending the run after round {server_round - 1}")
+            break
+        if grid_for_strategy is not metered and active < int(config["secagg-min-survivors"]):  # never again
+            log(f"only {active} client(s) can still train (the others spent their privacy budget or were left "
+                f"out), fewer than a secure round needs (secagg-min-survivors = {config['secagg-min-survivors']}); "
                 f"ending the run after round {server_round - 1}")
             break
         messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))

@@ -54,3 +54,40 @@ def test_partial_participation_is_refused_for_ali_dpfl(tmp_path):
     (the paper's setting), so a partial one is refused at validation."""
     with pytest.raises(ConfigError, match="fraction-train"):
         ali_config(tmp_path, steps_budget=13, rounds=6, **{"fraction-train": 0.67})
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def run_capped(cfg, cap_steps):
+    """A run whose first node's data owner caps its epsilon at eps(cap_steps) (node config max-epsilon)."""
+    from common.privacy.accounting import ali_epsilon
+    from tests.test_ali_runs import Q, SIGMA
+
+    client.node._local.clear()
+    with InProcessGrid("client.app:app", dict(cfg), CLIENTS, run_id=1) as grid:
+        grid.contexts[grid.node_ids[0]].node_config["max-epsilon"] = ali_epsilon(cap_steps, Q, SIGMA, DELTA) * 1.0005
+        return run_federation(grid, cfg)
+
+
+@pytest.mark.timeout(120)
+def test_a_secure_run_ends_when_too_few_clients_remain_to_form_a_round(tmp_path):
+    """secagg-min-survivors = 3 = every client; node 0's owner caps its epsilon at eps(5 steps), so it refuses
+    round 2 (4 + 4 > 5) and is retired. No secure round can be decoded after that, yet the run went on to
+    R_s = 6, each round aborted before any instruction left (rows' clients 3, 3, 0, 0, 0, 0)."""
+    cfg = ali_config(tmp_path, steps_budget=13, rounds=6, **{"secure-aggregation": True,
+                                                              "secagg-min-survivors": CLIENTS,
+                                                              "ali-tau-max": 4, "ali-tau-init": 4})
+    rows = rows_of(run_capped(cfg, cap_steps=5))
+    assert [r["clients"] for r in rows] == [3, 3]
+
+
+@pytest.mark.timeout(120)
+def test_a_tau_beyond_a_capped_clients_budget_is_a_refusal_not_a_failure(tmp_path):
+    """Node 0's owner caps its epsilon at eps(3 steps), so its own R_c is 3 while the server plans with the run's
+    13. Round 1's tau = 4 came back as a plain ValueError ("this run allows 1..3"): a failed reply, node 0 kept
+    selected and its t charged 4 steps it never ran (failed_replies 2 over 4 rounds). A budget refusal (4001)
+    retires it, and the server takes back the steps it planned."""
+    cfg = ali_config(tmp_path, steps_budget=13, rounds=4)
+    results = run_capped(cfg, cap_steps=3)
+    assert json.loads((results / "summary.json").read_text())["failed_replies"] == 0
+    clients = [r["clients"] for r in rows_of(results)]
+    assert clients[0] == 3 and set(clients[1:]) == {2}  # refused in round 1, then not selected

@@ -17,12 +17,21 @@ from common.privacy.events import (ALI_PAPER_MU_ASSUMPTION, FEDLAP_LABELS_ASSUMP
                                    objective_perturbation_release, output_perturbation_release)
 
 
+class BeyondBudget(ValueError):
+    """An ALI-DPFL instruction asks for more steps than this side's budget allows (R_c): a node whose data
+    owner caps its epsilon below the run's has a smaller R_c than the server plans with."""
+
+
 def local_steps(config: Mapping[str, Any], instruction: Mapping[str, Any]) -> int:
     """Steps a DP-SGD instruction asks for: the instruction's `local-steps` beats the run config's, but
     never exceeds it (a server asking for 10**12 steps would hang the node or exhaust its memory in the
     accountant). ALI-DPFL's server sets tau every round, never above the budget's R_c steps."""
     steps = int(instruction.get("local-steps", config["local-steps"]))
-    cap = ali_iteration_budget(config) if config["strategy"] == "ali-dpfl" else int(config["local-steps"])
+    ali = config["strategy"] == "ali-dpfl"
+    cap = ali_iteration_budget(config) if ali else int(config["local-steps"])
+    if ali and steps > cap:
+        raise BeyondBudget(f"the instruction asks for local-steps = {steps}, more than the R_c = {cap} DP-SGD "
+                           f"steps this budget allows")
     if not 1 <= steps <= cap:
         raise ValueError(f"the instruction asks for local-steps = {steps}; this run allows 1..{cap}")
     return steps
