@@ -306,8 +306,9 @@ class Checkpointer:
         return self.earlier_seconds + time.perf_counter() - self._started
 
     def resumes(self) -> bool:
-        """Whether this run continues a checkpointed one (else it is a fresh start)."""
-        return self.enabled and self.path.exists()
+        """Whether this run continues a checkpointed one, or one whose first round died before its
+        checkpoint (its in-flight record: round 1's row may be written), else it is a fresh start."""
+        return self.enabled and (self.path.exists() or self.inflight_path.exists())
 
     def resume(self, strategy, mirror, writer, model: ArrayRecord | None = None,
                tails: Mapping[int, LedgerTail] | None = None, enrolled_at: int = 0) -> tuple[ArrayRecord | None, int]:

@@ -195,7 +195,7 @@ def run_federation(grid: Grid, config: RunConfig, console: Console | None = None
                                                                            [""]))
     config = {**config, "run-name": run_dir.name}  # summary.json's config says which run it is
     with hold_run_folder(run_dir):  # before the check: two runs of one explicit run-name never both pass it
-        if not checkpointer.resumes():  # with a checkpoint, the run-name names the run to resume
+        if not checkpointer.resumes():  # with a checkpoint (or round 1 in flight), the run-name names the run
             refuse_taken(run_dir)
         return _federate(grid, config, console, log, checkpointer, run_dir, round_lines)
 
