@@ -97,3 +97,21 @@ def test_suites_train_the_authors_model_except_objective_perturbation(name):
     for cell in load_suite(name).cells:
         expected = "logreg" if cell.overrides.get("privacy") == "objective" else "logreg-softmax"
         assert cell.overrides["model"] == expected, cell.label
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+@pytest.mark.parametrize("preset, suite, row, column", [("upcycled-output", "upcycled-privacy", "Output", None),
+                                                        ("fedavg-syn-iid", "upcycled-table1", "FedAvg", "Syn(iid)")])
+def test_syn_presets_train_the_authors_model_as_their_suite_does(preset, suite, row, column):
+    """Both presets follow the authors' recipe (lr, theta tuned on the authors' double-softmax model) but set no
+    model, so "auto" resolved to the logits `logreg`; their suites' cells train `logreg-softmax`."""
+    from common.config import load_preset, resolve_model_name, validate
+    from server.report import expected_config
+
+    def model(config):
+        return resolve_model_name(str(config["model"]), str(config["dataset"]))
+
+    config = validate(load_preset(REPRO_DIR.parent / f"{preset}.toml"))
+    cells = [expected_config(c, 1) for c in load_suite(suite).cells
+             if c.row.startswith(row) and column in (None, c.column)]
+    assert cells and {model(c) for c in cells} == {model(config)} == {"logreg-softmax"}
