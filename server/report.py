@@ -144,8 +144,14 @@ def _accuracy_at_epsilon(rows, summary, param):
     if not within:
         return math.nan, f"epsilon passed {param:g} in the first round ({min(known):.4g})"
     # a label covers every epsilon the paper prints as it (2.795 for "2.79"): within 1 % below it is reached
-    note = None if max(known) >= 0.99 * param else f"epsilon never reached {param:g} (max {max(known):.4g})"
-    return _measured(within[-1], "accuracy"), note
+    notes = [] if max(known) >= 0.99 * param else [f"epsilon never reached {param:g} (max {max(known):.4g})"]
+    measured = [r for r in within if r.get("evaluated") is not False]  # eval-every > 1: the others are copies
+    if not measured:
+        return math.nan, f"no round within epsilon {param:g} was evaluated (eval-every)"
+    if measured[-1] is not within[-1]:
+        notes.append(f"round {within[-1]['round']}, the last within epsilon {param:g}, was not evaluated "
+                     f"(eval-every): round {measured[-1]['round']}'s accuracy")
+    return _measured(measured[-1], "accuracy"), "; ".join(notes) or None
 
 
 METRICS: dict[str, Metric] = {

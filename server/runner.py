@@ -253,6 +253,17 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         sync(mirror)
     arrays = arrays if resumed is None else resumed
 
+    def cannot_go_on() -> str | None:
+        """Why no further round can run (checked before each; the round before it is the run's last)."""
+        active = len(active_partitions(strategy))
+        if not active:
+            return "no client can train (each spent its privacy budget or was left out by secure aggregation)"
+        if grid_for_strategy is not metered and active < int(config["secagg-min-survivors"]):
+            return (f"only {active} client(s) can still train (the others spent their privacy budget or were left "
+                    f"out), fewer than a secure round needs (secagg-min-survivors = "
+                    f"{config['secagg-min-survivors']})")
+        return None
+
     num_rounds = int(config["num-rounds"])
     updated, failure, refusal = resumed is not None, "", ""  # the first client error; the first budget refusal
     aborted = ""  # why secure aggregation first aborted a round
@@ -261,15 +272,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         metered.reset()
         screened[0] = 0
         t0 = time.perf_counter()
-        active = len(active_partitions(strategy))
-        if not active:
-            log("no client can train (each spent its privacy budget or was left out by secure aggregation); "
-                f"ending the run after round {server_round - 1}")
-            break
-        if grid_for_strategy is not metered and active < int(config["secagg-min-survivors"]):  # never again
-            log(f"only {active} client(s) can still train (the others spent their privacy budget or were left "
-                f"out), fewer than a secure round needs (secagg-min-survivors = {config['secagg-min-survivors']}); "
-                f"ending the run after round {server_round - 1}")
+        if why := cannot_go_on():
+            log(f"{why}; ending the run after round {server_round - 1}")
             break
         messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))
         planned = planned_by_partition(config, roster, messages)
@@ -298,7 +302,7 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
         load_arrays(model, arrays)
         eval_every = int(config["eval-every"])  # > 1 (ALI-DPFL CPU suites): rows in between carry the last values
         evaluated = eval_every == 1 or server_round % eval_every == 0 or server_round == num_rounds \
-            or not active_partitions(strategy) or diverged is not None  # the run's last round is always evaluated
+            or cannot_go_on() is not None or diverged is not None  # the run's last round is always evaluated
         if evaluated:
             loss, accuracy = evaluate(model, x_test, y_test, device)
         elif server_round == first_round:  # a resumed run carries the checkpoint's last row

@@ -91,3 +91,15 @@ def test_a_tau_beyond_a_capped_clients_budget_is_a_refusal_not_a_failure(tmp_pat
     assert json.loads((results / "summary.json").read_text())["failed_replies"] == 0
     clients = [r["clients"] for r in rows_of(results)]
     assert clients[0] == 3 and set(clients[1:]) == {2}  # refused in round 1, then not selected
+
+
+@pytest.mark.timeout(120)
+def test_a_secure_run_cut_short_ends_on_an_evaluated_row(tmp_path):
+    """With eval-every = 3, the run that secure aggregation ends after round 2 (too few clients left) ended on a
+    carried row: summary.json's final accuracy was the initial model's, round 1's update never measured."""
+    cfg = ali_config(tmp_path, steps_budget=13, rounds=6, **{"secure-aggregation": True, "secagg-min-survivors": 3,
+                                                              "ali-tau-max": 4, "ali-tau-init": 4, "eval-every": 3})
+    results = run_capped(cfg, cap_steps=5)
+    rows, summary = rows_of(results), json.loads((results / "summary.json").read_text())
+    assert rows[-1]["round"] == 2 and rows[-1]["evaluated"] is True
+    assert summary["final"]["loss"] == rows[-1]["loss"] != summary["initial"]["loss"]

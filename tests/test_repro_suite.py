@@ -305,3 +305,17 @@ def test_a_curve_cut_to_its_shortest_seed_says_so(monkeypatch, tmp_path):
         line.get_label() for ax in fig.axes for line in ax.get_lines()))
     render_report(out, suite, plots=True)
     assert any("cut at round 1: its shortest seed" in label for label in labels), labels
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def test_accuracy_at_epsilon_measures_an_evaluated_round_and_says_which():
+    """eval-every > 1: a row between evaluations carries an earlier round's accuracy (evaluated: false).
+    accuracy-at-epsilon returned round 4's copied value silently as its own."""
+    rows = [{"round": r, "accuracy": a, "epsilon_max": e, "evaluated": ev} for r, a, e, ev in
+            [(1, 0.3, 0.5, False), (2, 0.3, 1.0, False), (3, 0.6, 1.5, True), (4, 0.6, 2.0, False),
+             (5, 0.9, 2.5, True)]]
+    value, note = METRICS["accuracy-at-epsilon"].fn(rows, {}, 2.2)
+    assert value == 0.6 and note == ("round 4, the last within epsilon 2.2, was not evaluated (eval-every): "
+                                     "round 3's accuracy")
+    value, note = METRICS["accuracy-at-epsilon"].fn(rows, {}, 1.2)
+    assert math.isnan(value) and "no round within epsilon 1.2 was evaluated" in note
