@@ -146,6 +146,21 @@ def planned_by_partition(config, roster, messages) -> dict[int, list]:
     return planned
 
 
+def check_accountable(config, planned: dict[int, list]) -> None:
+    """ConfigError unless the run's accountant composes what its clients will charge, before anything leaves
+    (a mechanism whose entries it cannot compose, e.g. a new one, would fail at the first charge)."""
+    entries = next((e for e in planned.values() if e), None)
+    if entries is None:
+        return
+    from common.privacy.ledger import PrivacyLedger
+
+    try:
+        PrivacyLedger(list(entries)).epsilon(float(config["target-delta"]), accountant=str(config["accountant"]))
+    except ValueError as err:
+        raise ConfigError(f"accountant = {config['accountant']!r} cannot account this run's releases: {err}") \
+            from None
+
+
 def in_sent_order(messages: list[Message], replies: Iterable[Message]) -> list[Message]:
     """The replies in the order of their nodes' instructions. Flower's grids return them as they arrive,
     and a float32 weighted sum depends on the order: without this two runs of one seed differ."""
@@ -277,6 +292,8 @@ def _federate(grid: Grid, config: RunConfig, console: Console, log, checkpointer
             break
         messages = list(strategy.configure_train(server_round, arrays, checkpointer.train_config(), grid_for_strategy))
         planned = planned_by_partition(config, roster, messages)
+        if server_round == first_round:
+            check_accountable(config, planned)
         checkpointer.begin_round(server_round, planned)
         replies = in_sent_order(messages, grid_for_strategy.send_and_receive(messages,
                                                                              timeout=float(config["round-timeout"])))

@@ -32,10 +32,12 @@ from rich.console import Console
 import client.node
 import client.updates as updates
 import common.config as cc
+import common.data as data
 import common.models as models
 import server.runner as runner
 import server.strategies.registry as registry
 from common.config import ConfigError, validate
+from common.data.federation import ClientData, Federation
 from common.records import METRICS
 from server.inprocess import run_inprocess
 from server.inprocess_grid import InProcessGrid
@@ -404,3 +406,54 @@ def test_repro_report_counts_every_seed_a_seeds_n_check_ran(tmp_path, capsys):
     header, row = (out / "tiny" / "report.csv").read_text().splitlines()[:2]
     n_seeds = dict(zip(header.split(","), row.split(",")))["n_seeds"]
     assert n_seeds == "2", (header, row)
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def blobs_federation() -> Federation:
+    rng = np.random.default_rng(0)
+    clients = []
+    for c in range(4):
+        x = (rng.normal(size=(30, 5)) + c).astype(np.float32)
+        y = (x.sum(1) > 5 * c).astype(np.int64)
+        clients.append(ClientData(x, y, x[:0], y[:0]))
+    xt = rng.normal(size=(20, 5)).astype(np.float32)
+    return Federation(clients=clients, x_test=xt, y_test=(xt.sum(1) > 0).astype(np.int64), input_shape=(5,),
+                      num_classes=2, description="blobs: 4 clients of their own", meta={"dataset": "blobs"})
+
+
+def add_own_split_dataset(monkeypatch) -> None:
+    """The guide's steps for a dataset with its own client split: its name in DATASETS (the `dataset` key's
+    choices), its `model = "auto"` choice in DEFAULT_MODEL, and the federation built in `_build`."""
+    dataset = cc.SCHEMA["dataset"]
+    monkeypatch.setattr(cc, "DATASETS", cc.DATASETS + ("blobs",))
+    monkeypatch.setitem(cc.SCHEMA, "dataset", dataclasses.replace(dataset, choices=dataset.choices + ("blobs",)))
+    monkeypatch.setitem(cc.DEFAULT_MODEL, "blobs", "logreg")
+    original = data._build
+
+    def _build(key):
+        return blobs_federation() if key[0] == "blobs" else original(key)
+
+    monkeypatch.setattr(data, "_build", _build)
+    client.node._local.clear()
+
+
+def test_own_split_dataset_built_in__build_as_the_guide_says_runs(tmp_path, monkeypatch):
+    """docs/extending.md: "a federation with its own client split is built in `_build` there". Done so, every
+    run of it died before round 1 with a bare "unknown dataset 'blobs'" from `_cache_key`, which knew only
+    the built-in names."""
+    add_own_split_dataset(monkeypatch)
+    cfg = validate({"dataset": "blobs", "num-clients": 4, "num-rounds": 2, "results-dir": str(tmp_path),
+                    "run-name": "blobs"})
+    out = run_inprocess(cfg, console=QUIET)
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["round"] for r in rows] == [1, 2]
+
+
+def test_own_split_federation_with_more_clients_than_num_clients_is_refused(tmp_path, monkeypatch):
+    """num-clients = 2 on a 4-client federation of its own ran on clients 0 and 1 only, half its data silently
+    left out; only the released federations were checked (by name)."""
+    add_own_split_dataset(monkeypatch)
+    cfg = validate({"dataset": "blobs", "num-clients": 2, "num-rounds": 1, "results-dir": str(tmp_path),
+                    "run-name": "short"})
+    with pytest.raises(ConfigError, match="federation has 4 clients; set num-clients = 4"):
+        run_inprocess(cfg, console=QUIET)

@@ -403,7 +403,7 @@ def charged_gauss_wrapped(base):
     return rule
 
 
-def gauss_run(tmp_path, monkeypatch, wrapper: str, run_name: str):
+def gauss_run(tmp_path, monkeypatch, wrapper: str, run_name: str, **extra):
     """A run with the mechanism 'gauss' (wrapper `wrapper`): accounted as the same Gaussian release as
     'output', on both sides (planned_entries, imported by name by the runner and the ClientApp)."""
     declare_mechanism(monkeypatch, "gauss", (__name__, wrapper), wraps=True)
@@ -418,7 +418,7 @@ def gauss_run(tmp_path, monkeypatch, wrapper: str, run_name: str):
         monkeypatch.setattr(module, "planned_entries", planned_entries)
     client.node._local.clear()
     cfg = validate({"privacy": "gauss", "target-epsilon": 400.0, "num-rounds": 3, "results-dir": str(tmp_path),
-                    "run-name": run_name})
+                    "run-name": run_name, **extra})
     return run_inprocess(cfg, console=QUIET)
 
 
@@ -447,3 +447,13 @@ def test_private_release_refuses_an_uncharged_reply_and_names_the_rule(tmp_path)
     assert len(client.ledger) == 0
     plain = _client(tmp_path, "p", strategy="fedavg")  # a non-private run charges nothing
     assert ARRAYS in private_release(_keep_model, plain.config)(plain, _content(plain.model), RecordDict())
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def test_an_accountant_that_cannot_compose_a_new_mechanism_is_refused_before_anything_leaves(tmp_path, monkeypatch):
+    """Which accountant composes which mechanism is checked by name (common/config.py _check_accountant). A new
+    Gaussian mechanism with accountant = 'ali-eq12' (DP-SGD entries only) validated; its clients released round
+    1's model, then the server's mirror died ("covers dpsgd entries only; the ledger also holds gaussian")."""
+    with pytest.raises(ConfigError, match="accountant = 'ali-eq12' cannot account this run's releases: .*gaussian"):
+        gauss_run(tmp_path, monkeypatch, "charged_gauss_wrapped", "acc", accountant="ali-eq12")
+    assert all(not PrivacyLedger.load(path).entries for path in tmp_path.rglob("*.ledger.json"))

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from common.config import SCHEMA, resolve_data_dir
+from common.config import SCHEMA, ConfigError, resolve_data_dir
 from common.number_checks import is_int
 
 from . import partition
@@ -97,8 +97,7 @@ def _cache_key(config: Mapping[str, Any]) -> tuple:
         else:
             raise ValueError(f"unknown partition {how!r}; expected 'iid', 'dirichlet' or 'classes'")
         return (dataset, data_dir, how, param, num_clients, seed)
-    raise ValueError(f"unknown dataset {dataset!r}; expected one of "
-                     f"{', '.join(('synthetic', *RELEASED, *SPLIT_DATASETS))}")
+    return (dataset, data_dir, num_clients, seed)  # a federation with its own client split (built in _build)
 
 
 @lru_cache(maxsize=2)
@@ -113,6 +112,9 @@ def _build(key: tuple) -> Federation:
         from .adult_devices import load_adult_devices
         _, data_dir, num_clients, seed, evaluate_on = key
         return load_adult_devices(data_dir, num_clients, seed, evaluate_on)
+    if dataset not in SPLIT_DATASETS:
+        raise ValueError(f"dataset {dataset!r} has no federation: build its own client split in _build, or list "
+                         f"its reader in SPLIT_DATASETS (docs/extending.md)")
     _, data_dir, how, param, num_clients, seed = key
     splits = load_splits(dataset, data_dir)
     rng = np.random.default_rng(seed)
@@ -143,7 +145,11 @@ def _build(key: tuple) -> Federation:
 
 def load_federation(config: Mapping[str, Any]) -> Federation:
     """The federation `config` describes (cached per process; see the module docstring)."""
-    return _build(_cache_key(config))
+    fed = _build(_cache_key(config))
+    if fed.num_clients != int(_get(config, "num-clients")):  # clients left out, or partitions with no data
+        raise ConfigError(f"the {_get(config, 'dataset')!r} federation has {fed.num_clients} clients; set "
+                          f"num-clients = {fed.num_clients} (got {_get(config, 'num-clients')})")
+    return fed
 
 
 def load_client(config: Mapping[str, Any], partition_id: int) -> ClientData:
