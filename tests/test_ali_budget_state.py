@@ -103,3 +103,21 @@ def test_a_secure_run_cut_short_ends_on_an_evaluated_row(tmp_path):
     rows, summary = rows_of(results), json.loads((results / "summary.json").read_text())
     assert rows[-1]["round"] == 2 and rows[-1]["evaluated"] is True
     assert summary["final"]["loss"] == rows[-1]["loss"] != summary["initial"]["loss"]
+
+
+@pytest.mark.timeout(120)
+def test_a_client_left_out_of_one_secure_round_catches_up_with_the_others(tmp_path):
+    """Secure aggregation leaves one node out of round 1; R_s = 6, tau* = 3 (ali-tau-max = ali-tau-init). With one
+    tau* for all it stayed 3 steps behind: the others spent R_c = 13 in round 5 and retired, and it was left
+    alone, below secagg-min-survivors, at 12 of 13 (ledgers [13, 12, 13]). It now runs the steps it is behind
+    in its next round, and every ledger ends at R_c."""
+    from tests.test_lost_round import LateEnrollment
+
+    cfg = ali_config(tmp_path, steps_budget=13, rounds=6, **{"secure-aggregation": True, "secagg-min-survivors": 2,
+                                                              "ali-tau-max": 3, "ali-tau-init": 3})
+    client.node._local.clear()
+    with InProcessGrid("client.app:app", dict(cfg), CLIENTS, run_id=1) as grid:
+        results = run_federation(LateEnrollment(grid, times=2), cfg)
+    rows = rows_of(results)
+    assert rows[0]["clients"] == 2 and rows[1]["ali_tau"] == 6  # round 2: 3 + the 3 it is behind
+    assert [PrivacyLedger.load(ledger_path(cfg, {}, 1, p)).steps() for p in range(CLIENTS)] == [13] * CLIENTS

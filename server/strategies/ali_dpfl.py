@@ -91,10 +91,13 @@ class AliDpfl(FedAvg):
         if self.num_params is None:
             self.num_params = sum(a.numpy().size for a in arrays.values())
         # one tau* for all, each client's cap and budget floor from its own t: they differ only after a fault
-        # (a lost round some charged, a node secure aggregation left out), and a common plan from the
-        # largest t would stop the others short of their budget
-        plan = {p: ali.plan_round(self.tau_star, self.steps[p], server_round, self.rounds, self.rc,
-                                  self.spend_budget) for p in self.active_partitions()}
+        # (a lost round some charged, a node secure aggregation left out). A client behind the others also
+        # runs the steps it is behind, so the cohort ends together (else it would be left to finish its
+        # budget alone, its update alone the global model; under secure aggregation, not at all)
+        active = self.active_partitions()
+        ahead = max((self.steps[p] for p in active), default=0)
+        plan = {p: ali.plan_round(self.tau_star + ahead - self.steps[p], self.steps[p], server_round, self.rounds,
+                                  self.rc, self.spend_budget) for p in active}
         for p in [p for p, tau in plan.items() if tau == 0]:
             self.retire(p)
         self._tau = max(plan.values(), default=0)
