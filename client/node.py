@@ -19,7 +19,7 @@ import math
 import torch
 from flwr.app import Context
 
-from common.config import RunConfig, resolve_model_name, validate
+from common.config import ConfigError, RunConfig, resolve_model_name, validate
 from common.data import load_client, load_federation
 from common.evaluation import pick_device
 from common.models import build_model
@@ -83,7 +83,14 @@ def node_run_config(context: Context) -> RunConfig:
     config = _config(tuple(sorted(raw.items())))
     cap = owner_cap(context.node_config)
     if cap is not None and is_private(config) and not 0 < config["target-epsilon"] <= cap:
-        config = _config(tuple(sorted({**raw, "target-epsilon": cap}.items())))
+        try:
+            config = _config(tuple(sorted({**raw, "target-epsilon": cap}.items())))
+        except ConfigError:
+            if config["strategy"] != "ali-dpfl":
+                raise
+            # a cap below one DP-SGD step (R_c = 0, which validation refuses a run): the node enrolls, and
+            # refuses every instruction for its budget (client/app.py check_instruction), as for any tau > R_c
+            config = RunConfig({**config, "target-epsilon": cap})
     return config
 
 

@@ -121,3 +121,21 @@ def test_a_client_left_out_of_one_secure_round_catches_up_with_the_others(tmp_pa
     rows = rows_of(results)
     assert rows[0]["clients"] == 2 and rows[1]["ali_tau"] == 6  # round 2: 3 + the 3 it is behind
     assert [PrivacyLedger.load(ledger_path(cfg, {}, 1, p)).steps() for p in range(CLIENTS)] == [13] * CLIENTS
+
+
+@pytest.mark.timeout(120)
+def test_an_ali_node_capped_below_one_step_refuses_instead_of_failing_the_run(tmp_path):
+    """A data owner whose max-epsilon allows no DP-SGD step (its R_c = 0) failed node setup: the run config
+    re-validated with target-epsilon = the cap was refused ("allows no DP-SGD step ... raise target-epsilon", a
+    value the experimenter never set), and the run died at enrollment. The node now refuses (4001)."""
+    from common.privacy.accounting import ali_epsilon
+    from tests.test_ali_runs import Q, SIGMA
+
+    cfg = ali_config(tmp_path, steps_budget=13, rounds=3)
+    client.node._local.clear()
+    with InProcessGrid("client.app:app", dict(cfg), CLIENTS, run_id=1) as grid:
+        grid.contexts[grid.node_ids[0]].node_config["max-epsilon"] = ali_epsilon(1, Q, SIGMA, DELTA) * 0.5
+        results = run_federation(grid, cfg)
+    assert json.loads((results / "summary.json").read_text())["failed_replies"] == 0
+    clients = [r["clients"] for r in rows_of(results)]
+    assert clients[0] == CLIENTS and set(clients[1:]) == {CLIENTS - 1}  # refused in round 1, then not selected
