@@ -117,13 +117,14 @@ class LedgerEntry:
         return where + what
 
 
-# Plain Python numbers only (not common.number_checks'): the ledger writes params as JSON, which refuses NumPy's.
+# Python's int and float only (not common.number_checks'): the ledger writes params as JSON, which refuses NumPy's
+# integers and float32 (a float64 is a float).
 def _is_count(value: Any, low: int) -> bool:
-    return type(value) is int and value >= low
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
 
 
 def _is_positive(value: Any) -> bool:
-    return type(value) in (int, float) and 0 < value < math.inf
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < math.inf
 
 
 # each kind's params that set its cost, and what they must be: the constructors below only make valid ones,
