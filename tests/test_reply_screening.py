@@ -132,3 +132,49 @@ def test_pfedme_ignores_an_absurd_test_size(n_test):
     _, metrics = strategy.aggregate_train(1, replies)
     assert metrics["personal-accuracy"] == pytest.approx((0.9 * 5 * 2 + 0.0 * 5) / 15)
     assert metrics["personal-clients"] == 3
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+STRANGER = 99999  # a node id the roster does not hold
+
+
+def _replies_with_a_stranger(strategy, metrics_of=lambda node: {}):
+    """Good replies to every instruction; node 101's claims to come from STRANGER (Flower's grids would not
+    pass it, another grid might)."""
+    replies = []
+    for msg in strategy.configure_train(1, model(0.0), ConfigRecord(), None):
+        node = msg.metadata.dst_node_id
+        reply = Message(RecordDict({ARRAYS: model(float(node)), METRICS: MetricRecord(
+            {NUM_EXAMPLES: 10, **metrics_of(node)})}), reply_to=msg)
+        if node == 101:
+            reply.metadata.__dict__["_src_node_id"] = STRANGER
+        replies.append(reply)
+    return replies
+
+
+def _strategy(name):
+    logs = []
+    if name == "fedavg":
+        return FedAvg(ROSTER, seed=1, fraction_train=1.0, log=logs.append), logs, {}
+    if name == "pfedme":
+        from server.strategies.pfedme import PFedMe
+
+        return (PFedMe(ROSTER, seed=1, fraction_train=1.0, log=logs.append, test_sizes={0: 5, 1: 5, 2: 5}), logs,
+                {"personal-accuracy": 0.5})
+    from common.config import validate
+    from server.strategies.ali_dpfl import AliDpfl
+
+    config = validate({"strategy": "ali-dpfl", "privacy": "dpsgd", "target-epsilon": 5.0, "num-clients": 3,
+                       "num-rounds": 3, "dataset": "synthetic"})
+    return AliDpfl(ROSTER, seed=1, fraction_train=1.0, log=logs.append, config=config), logs, {}
+
+
+@pytest.mark.parametrize("name", ["fedavg", "pfedme", "ali-dpfl"])
+def test_a_reply_from_a_node_outside_the_roster_is_dropped(name):
+    """Screening let such a reply through (its example cap unknown): FedAvg, SCAFFOLD and FedDyn aggregated it
+    (never acknowledging it: their c / h drifted), pFedMe and ALI-DPFL raised KeyError: 99999."""
+    strategy, logs, metrics = _strategy(name)
+    arrays, _ = strategy.aggregate_train(1, _replies_with_a_stranger(strategy, lambda node: metrics))
+    assert any(f"from node {STRANGER}: not a node of this run" in line for line in logs)
+    if name != "pfedme":  # pFedMe's server step mixes in the previous global model
+        assert arrays["b"].numpy() == pytest.approx([102.5, 102.5])  # nodes 102 and 103, 10 examples each

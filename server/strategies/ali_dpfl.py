@@ -130,7 +130,8 @@ class AliDpfl(FedAvg):
         # read before screening: the screen drops a metric from every reply when one reply lacks it
         grad_diffs = _grad_diffs(replies) if self.estimator == "paper" else {}
         self.not_sent([self._partition_of[r.metadata.src_node_id] for r in replies  # the runner retires them
-                       if r.has_error() and r.error.code == BUDGET_EXHAUSTED])
+                       if r.has_error() and r.error.code == BUDGET_EXHAUSTED
+                       and r.metadata.src_node_id in self._partition_of])
         good = self.screened(replies)
         arrays, metrics = FlowerFedAvg.aggregate_train(self, server_round, good)
         raw = None

@@ -13,7 +13,7 @@ from flwr.serverapp.strategy import QFedAvg as FlowerQFedAvg
 from flwr.serverapp.strategy.fedopt import FedOpt as FlowerFedOpt  # not exported
 
 from client.updates.acknowledged import ACKNOWLEDGED
-from server.replies import screen
+from server.replies import DROPPING, screen
 from server.roster import Roster
 from server.sampling import sample_partitions
 from server.stragglers import straggler_epochs
@@ -126,11 +126,17 @@ class RosterSampling:
         return {}
 
     def screened(self, replies: Iterable[Message]) -> list[Message]:
-        def max_examples(node: int) -> int | None:
-            p = self._partition_of.get(node)
-            return None if p is None else self.roster.num_examples[p]
+        known = []
+        for msg in replies:  # Flower's grids pass only replies to instructions; another grid might not
+            if msg.has_error() or msg.metadata.src_node_id in self._partition_of:
+                known.append(msg)
+            else:
+                self.log(f"{DROPPING} from node {msg.metadata.src_node_id}: not a node of this run")
+        return screen(known, self._sent, self._max_examples, self.log)
 
-        return screen(replies, self._sent, max_examples, self.log)
+    def _max_examples(self, node: int) -> int | None:
+        p = self._partition_of.get(node)  # None: an error reply from the SuperLink (it answers for a node)
+        return None if p is None else self.roster.num_examples[p]
 
 
 class FedAvg(RosterSampling, FlowerFedAvg):
