@@ -19,14 +19,13 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
-from deploy_helpers import BIN, alive, offline_env
+from deploy_helpers import BIN, alive, free_ports, offline_env, process_tree
 
 yaml = pytest.importorskip("yaml")
 
@@ -41,39 +40,14 @@ pytestmark = [
 ]
 
 
-def _free_ports(n: int, lo: int = 18000, hi: int = 18999) -> list[int]:
-    """n consecutive free ports in [lo, hi], starting at a pid-dependent offset."""
-    start = lo + (os.getpid() * 7) % (hi - lo - 50)
-    for base in list(range(start, hi - n)) + list(range(lo, start)):
-        ok = True
-        for p in range(base, base + n):
-            with socket.socket() as s:
-                try:
-                    s.bind(("127.0.0.1", p))
-                except OSError:
-                    ok = False
-                    break
-        if ok:
-            return list(range(base, base + n))
-    raise RuntimeError("no free ports")
 
 
-def _children(pid: int) -> list[int]:
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
 
 
-def _tree(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop()
-        seen.append(p)
-        todo.extend(_children(p))
-    return seen
 
 
 def _kill_trees(procs: list[subprocess.Popen]) -> None:
-    pids = [p for proc in procs if proc.poll() is None for p in _tree(proc.pid)]
+    pids = [p for proc in procs if proc.poll() is None for p in process_tree(proc.pid)]
     for pid in pids:
         try:
             os.kill(pid, signal.SIGTERM)
@@ -110,7 +84,7 @@ def _assert_three_rounds(r: subprocess.CompletedProcess) -> None:
 
 
 def test_local_federation_script_tls_node_auth(tmp_path):
-    ports = _free_ports(5)
+    ports = free_ports(5)
     link_port, node_base, rogue_port = ports[0], ports[1], ports[4]
     pids: list[int] = []
     run_dir, certs, cli_home = tmp_path / "run", tmp_path / "certs", tmp_path / "cli"
@@ -179,7 +153,7 @@ def _merged_compose() -> dict:
 def test_compose_tls_command_lines_on_loopback(tmp_path):
     cfg = _merged_compose()
     svcs = {k: v for k, v in cfg["services"].items() if v.get("command") and k != "volume-init"}
-    ports = iter(_free_ports(len(svcs) + 1))
+    ports = iter(free_ports(len(svcs) + 1))
 
     # compose host:port -> loopback host:port
     link_cmd = svcs["superlink"]["command"]

@@ -35,7 +35,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from deploy_helpers import BIN, offline_env
+from deploy_helpers import BIN, kill_pids, offline_env, process_tree
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
@@ -76,22 +75,8 @@ pytestmark = [
 # --- processes ---------------------------------------------------------------------
 
 
-def _tree(pid: int) -> list[int]:
-    todo, seen = [pid], []
-    while todo:
-        p = todo.pop()
-        seen.append(p)
-        out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(p)], capture_output=True, text=True).stdout
-        todo.extend(int(x) for x in out.split())
-    return seen
 
 
-def _kill(pids: list[int], sig=signal.SIGKILL) -> None:
-    for pid in pids:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
 
 
 def _cmdline(pid: int) -> str:
@@ -167,8 +152,8 @@ class Federation:
         proc = self.procs.pop(name, None)
         if proc is None:
             return
-        pids = _tree(proc.pid) if proc.poll() is None else []
-        _kill(pids)
+        pids = process_tree(proc.pid) if proc.poll() is None else []
+        kill_pids(pids)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
@@ -273,9 +258,9 @@ def run_scenario(fed: Federation, cfg: dict) -> dict:
 
     first = start(f"{name}-first")
     _wait_round(fed, first, f"{name}-first", ckpt_path, 1, 400)
-    servers = [p for p in _tree(fed.procs["superlink"].pid) if "flwr-serverapp" in _cmdline(p)]
+    servers = [p for p in process_tree(fed.procs["superlink"].pid) if "flwr-serverapp" in _cmdline(p)]
     assert servers, "no flwr-serverapp process found under the SuperLink"
-    _kill(servers)  # the ServerApp dies right after its round-1 checkpoint
+    kill_pids(servers)  # the ServerApp dies right after its round-1 checkpoint
     out["t_first"] = time.time() - out["t0"]
     fed.kill_tree(f"{name}-first")  # the CLI that streamed its log
     run_id = re.search(r"started run (\d+)", fed.log(f"{name}-first"))
