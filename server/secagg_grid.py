@@ -139,6 +139,9 @@ from server.strategies.chain import declared
 UNIT_RECORDS: dict[str, tuple[str, ...]] = {
     "feddyn": ("arrays",),  # x <- (1/|P|) sum_i w_i - h/alpha: unweighted
     "scaffold": ("control-delta",),  # c <- c + (1/N) sum_i delta c_i: unweighted
+    # Hu et al.: (1/r) sum_i theta_i, unweighted, as the /r credit assumes (weighted, a large client's update
+    # would be hidden by less than r clients' noise: the smaller ones' is scaled down in the sum)
+    "dpfedavg-hu": ("arrays",),
 }
 
 

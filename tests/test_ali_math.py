@@ -141,3 +141,12 @@ def test_paper_full_gradient_is_deterministic_for_a_dropout_model():
     x, y = torch.randn(64, 1, 28, 28), torch.randint(0, 10, (64,))
     g1, g2 = full_gradient(model, x, y), full_gradient(model, x, y)
     assert float(torch.linalg.vector_norm(g1 - g2)) <= 1e-6 * float(torch.linalg.vector_norm(g1))
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def test_plan_round_adds_the_steps_a_client_is_behind_under_both_conditions():
+    """The catch-up was passed as part of tau*, which condition I (R_s >= R_c: tau = 1) replaces: a client left
+    out of one round stayed behind (end to end: ledgers 4, 3, 4 of R_c = 4)."""
+    assert ali.plan_round(3, 0, 2, 6, 4, spend_budget=False, behind=1) == 2  # condition I: 1 + 1
+    assert ali.plan_round(3, 0, 2, 6, 13, spend_budget=False, behind=3) == 6  # condition II: tau* + 3
+    assert ali.plan_round(3, 11, 2, 6, 13, spend_budget=False, behind=3) == 2  # capped at R_c - t

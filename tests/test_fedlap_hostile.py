@@ -116,3 +116,28 @@ def test_one_screened_in_reply_moves_the_model_no_further_than_the_trust_region(
     moved = float((torch.cat([p.detach().flatten() for p in strategy.model.parameters()]) - start).norm())
     assert metrics["server-radius"] == 1.0 and metrics["server-steps"] == 1
     assert moved == pytest.approx(1.0, rel=1e-5) and metrics["server-moved"] == pytest.approx(1.0, rel=1e-5)
+
+
+def test_fedlap_drops_a_reply_from_a_node_outside_the_roster():
+    """FedLAP screens with its own `usable`, which did not check the sender: a stranger's synthetic set was
+    trained on, its self-declared num-examples unchecked, so it outweighed the real clients (10**6 vs 50)."""
+    from common.records import model_to_arrays
+
+    logs = []
+    config = validate({"strategy": "fedlap", "num-clients": 2, "fedlap-dsa": False, "fedlap-ipc": 2,
+                       "fedlap-radius": 10.0, "fedlap-server-steps": 3})
+    strategy = FedLap(Roster({0: 10, 1: 11}, {0: 100, 1: 100}), 0, 1.0, log=logs.append, config=config)
+    strategy._sent = model_to_arrays(strategy.model)
+
+    def reply(node, n):
+        meta = Metadata(run_id=1, message_id="", src_node_id=node, dst_node_id=0, reply_to_message_id="x",
+                        group_id="", created_at=0.0, ttl=60.0, message_type="train")
+        record = ArrayRecord(OrderedDict([("images", Array(np.zeros((4, *strategy.input_shape), np.float32))),
+                                          ("labels", Array(np.array([0, 0, 1, 1], np.uint8)))]))
+        return Message(content=RecordDict({SET_KEY: record, "metrics": MetricRecord({"num-examples": n,
+                                                                                     RADIUS: 1.0})}),
+                       metadata=meta)
+
+    _, metrics = strategy.aggregate_train(1, [reply(99999, 10**6), reply(11, 50)])
+    assert any("from node 99999: not a node of this run" in line for line in logs), logs
+    assert metrics["sets"] == 1

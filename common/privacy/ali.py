@@ -84,17 +84,18 @@ def round_tau(tau: float, tau_max: int) -> int:
 
 
 def plan_round(tau_star: int, steps_done: int, round_index: int, rounds: int, iteration_budget_: int,
-               spend_budget: bool = True) -> int:
+               spend_budget: bool = True, behind: int = 0) -> int:
     """Local steps of round `round_index` (1-based) given `steps_done` = t so far.
 
     0: no budget or no round left (stop). R_s >= R_c: 1 (Lemma 1). Otherwise
     tau*, raised to ceil((R_c - t) / rounds left) when `spend_budget` (so the
-    run ends with the budget spent when R_s < R_c), and always capped at R_c - t."""
+    run ends with the budget spent when R_s < R_c). Plus `behind`, the steps a client is behind the
+    others after a fault; always capped at R_c - t."""
     left = int(iteration_budget_) - int(steps_done)
     rounds_left = int(rounds) - int(round_index) + 1
     if left <= 0 or rounds_left <= 0:
         return 0
-    tau = 1 if rounds >= iteration_budget_ else max(1, int(tau_star))
+    tau = (1 if rounds >= iteration_budget_ else max(1, int(tau_star))) + int(behind)
     if spend_budget:
         tau = max(tau, -(-left // rounds_left))
     return min(tau, left)

@@ -65,9 +65,10 @@ def calibrate_sigma(accountant: str, epsilon: float, delta: float, participation
     return sigma
 
 
-SECAGG_CREDIT = ("Hu et al.'s secure-aggregation credit rho / r (heuristic: it counts the noise of all r selected "
-                 "clients as hiding each one's update, so it needs that none colludes with the server and each "
-                 "adds its noise honestly; a curious selected client knows its own)")
+SECAGG_CREDIT = ("Hu et al.'s secure-aggregation credit rho / r (heuristic: it counts the noise of the r = "
+                 "min(selected, secagg-min-survivors) clients surely in the unweighted decoded sum as hiding each "
+                 "one's update, so it needs that none colludes with the server and each adds its noise honestly; "
+                 "a curious selected client knows its own)")
 
 
 def paper_assumption(accountant: str, dataset_size: int, batch_size: int, local_steps: int,

@@ -96,8 +96,8 @@ class AliDpfl(FedAvg):
         # budget alone, its update alone the global model; under secure aggregation, not at all)
         active = self.active_partitions()
         ahead = max((self.steps[p] for p in active), default=0)
-        plan = {p: ali.plan_round(self.tau_star + ahead - self.steps[p], self.steps[p], server_round, self.rounds,
-                                  self.rc, self.spend_budget) for p in active}
+        plan = {p: ali.plan_round(self.tau_star, self.steps[p], server_round, self.rounds, self.rc,
+                                  self.spend_budget, behind=ahead - self.steps[p]) for p in active}
         for p in [p for p, tau in plan.items() if tau == 0]:
             self.retire(p)
         self._tau = max(plan.values(), default=0)

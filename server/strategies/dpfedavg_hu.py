@@ -5,10 +5,12 @@ devices per round, sigma calibrated from a target epsilon.
   without replacement, from (seed, round) (`server/sampling.py`), as
   Algorithm 1. The whole schedule is drawn in advance (the paper fixes it),
   so the participation count C_i of every device is known before round 1.
-* Aggregation: FedAvg's examples-weighted mean of the returned models (the
-  paper's (1/r) sum_i theta_i: every device holds the same m, so the weights
-  are equal). Under secure aggregation (`secure-aggregation = true`) the
-  strategy is unchanged; the grid hands it the masked sum's mean.
+* Aggregation: the paper's (1/r) sum_i theta_i, a plain mean of the returned
+  models (not FedAvg's examples-weighted one, which the /r credit would not
+  cover: with unequal m_i a large device's update is hidden by less than r
+  devices' noise). Under secure aggregation (`secure-aggregation = true`) the
+  grid sums the models unweighted too (`server/secagg_grid.py` UNIT_RECORDS)
+  and hands the strategy their mean.
 * sigma: `hu-sigma` when `target-epsilon` = 0; otherwise calibrated so that every
   device ends at most at (target-epsilon, target-delta) after its C_i participations
   under `hu-accountant` (common/privacy/hu.py has the formulas):
@@ -29,8 +31,10 @@ devices per round, sigma calibrated from a target epsilon.
 from __future__ import annotations
 
 import math
+from typing import Iterable
 
-from flwr.app import ConfigRecord
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord
 
 from common.config import ConfigError, RunConfig
 from common.privacy.accounting import zcdp_epsilon
@@ -114,6 +118,17 @@ class DpFedAvgHu(FedAvg):
         if self.sigma <= 0:
             return math.inf
         return max(zcdp_epsilon(c * self.round_rho(p), self.delta) for p, c in self.schedule.items())
+
+    def aggregate_train(self, server_round: int,
+                        replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """The plain mean of the screened replies' models (module docstring: Aggregation)."""
+        good = self.screened(replies)
+        if not good:
+            return None, None
+        metrics = self.train_metrics_aggr_fn([m.content for m in good], self.weighted_by_key)
+        models = [m.content[self.arrayrecord_key] for m in good]
+        return ArrayRecord({key: Array(np.mean([np.asarray(m[key].numpy(), np.float64) for m in models], axis=0)
+                                       .astype(array.numpy().dtype)) for key, array in models[0].items()}), metrics
 
     def round_config(self, server_round: int, config: ConfigRecord) -> ConfigRecord:
         out = super().round_config(server_round, config)

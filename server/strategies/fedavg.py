@@ -126,13 +126,18 @@ class RosterSampling:
         return {}
 
     def screened(self, replies: Iterable[Message]) -> list[Message]:
+        return screen(self.from_roster(replies), self._sent, self._max_examples, self.log)
+
+    def from_roster(self, replies: Iterable[Message]) -> list[Message]:
+        """The replies of this run's nodes (and error replies: the SuperLink answers for a node). Flower's
+        grids pass only replies to instructions; another grid might not."""
         known = []
-        for msg in replies:  # Flower's grids pass only replies to instructions; another grid might not
+        for msg in replies:
             if msg.has_error() or msg.metadata.src_node_id in self._partition_of:
                 known.append(msg)
             else:
                 self.log(f"{DROPPING} from node {msg.metadata.src_node_id}: not a node of this run")
-        return screen(known, self._sent, self._max_examples, self.log)
+        return known
 
     def _max_examples(self, node: int) -> int | None:
         p = self._partition_of.get(node)  # None: an error reply from the SuperLink (it answers for a node)

@@ -156,7 +156,7 @@ class FedLap(RosterSampling, FlowerFedAvg):
 
     def usable(self, replies: Iterable[Message]) -> list[Message]:
         good = []
-        for msg in replies:
+        for msg in self.from_roster(replies):
             p = self._partition_of.get(msg.metadata.src_node_id)
             problem = set_problem(msg, ipc=int(self.config["fedlap-ipc"]), input_shape=self.input_shape,
                                   num_classes=self.num_classes,
