@@ -262,9 +262,12 @@ def layout_size(layout: Mapping[str, Any]) -> int:
     return sum(array_size(shape) for rec in layout["records"] for _, _, shape in rec["arrays"])
 
 
-def encode_reply(reply: RecordDict, instruction: RecordDict, unit_records: set[str],
-                 weight_scale: float) -> tuple[np.ndarray, float, dict[str, float], str]:
-    """(vector, weight w_i, weighted metrics, layout JSON) of a rule's reply (see module docstring)."""
+def encode_reply(reply: RecordDict, instruction: RecordDict, unit_records: set[str], weight_scale: float,
+                 codec_scale: float) -> tuple[np.ndarray, float, dict[str, float], str]:
+    """(vector, weight w_i, weighted metrics, layout JSON) of a rule's reply (see module docstring). w_i is on
+    the codec's grid (`codec_scale` = 2^frac_bits), as `masked_update` multiplies by it: a unit-weight record
+    divided by it then enters the sum exactly once (divided by the unrounded w_i, a small client's was off
+    by up to 2^-(frac_bits+1) / w_i of itself)."""
     metric_records = [(k, r) for k, r in reply.items() if isinstance(r, MetricRecord)]
     if len(metric_records) != 1:
         raise ValueError(f"a reply needs exactly one MetricRecord under secure aggregation, got {len(metric_records)}")
@@ -274,7 +277,7 @@ def encode_reply(reply: RecordDict, instruction: RecordDict, unit_records: set[s
         raise ValueError(f"{NUM_EXAMPLES!r} must be a non-negative number, got {n!r}")
     if not weight_scale > 0:
         raise ValueError(f"weight scale must be positive, got {weight_scale!r}")
-    w = float(n) / float(weight_scale)
+    w = float(np.rint(float(n) / float(weight_scale) * codec_scale) / codec_scale)
     parts, records = [], []
     for name, record in reply.items():
         if not isinstance(record, ArrayRecord):
@@ -285,7 +288,8 @@ def encode_reply(reply: RecordDict, instruction: RecordDict, unit_records: set[s
         vec = flatten(record, ref if delta else None)
         if unit:
             if w <= 0:
-                raise ValueError(f"record {name!r} is unit-weight but this client's weight is 0")
+                raise ValueError(f"record {name!r} is unit-weight but this client's weight is 0 (on the codec's "
+                                 f"grid: {n} examples of the largest client's {weight_scale:g})")
             vec = vec / w
         parts.append(vec)
         records.append(record_layout(name, record, delta=delta, unit=unit))
@@ -397,7 +401,7 @@ def secure_train(rule: Rule, client: Any, msg: Message, context: Context) -> Mes
     instruction = msg.content
     reply = rule(client, instruction, context.state)
     try:
-        vector, weight, metrics, layout = encode_reply(reply, instruction, unit, scale)
+        vector, weight, metrics, layout = encode_reply(reply, instruction, unit, scale, params.codec.scale)
         masked = sa.masked_update(round_, selected, vector, weight, metrics, layout=layout,
                                   announcement=announcement)
     except CodecRangeError:  # its message quotes the offending value: unmasked data, it stays here

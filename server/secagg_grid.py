@@ -83,8 +83,10 @@ become the round's mean: only aggregated metrics exist here.
 Accuracy: each decoded value is within `codec.sum_error_bound(|S|)` of the
 exact sum (quantisation step 2^-f; `client.secagg.secagg_params`), so a mean
 is within that / W (model records) of the plaintext weighted mean with each
-weight rounded to the step 2^-f (W decodes exactly), plus the float32
-rounding of the final cast.
+weight rounded to the step 2^-f (W decodes exactly), or within that / |S| of
+the plain mean (unit-weight records: each client divides them by its weight
+as rounded, so each enters the sum exactly once), plus the float32 rounding
+of the final cast.
 
 Refused here: `evaluate` messages (their replies are per-client metrics) and
 `push_messages` of train messages (only `send_and_receive` runs the

@@ -79,3 +79,41 @@ def test_config_headroom_check_counts_the_clients_per_round():
     validate({**base, "fraction-train": 0.1})  # 300 * 2^21 < 2^31
     with pytest.raises(ConfigError, match="clients per round"):
         validate({**base, "fraction-train": 1.0})
+
+
+# --- an adversarial review, session 22: each test failed on the code it reviewed ---------------------------
+def test_a_unit_weight_sum_is_exact_for_unequal_partitions():
+    """A unit-weight record (Hu et al.'s and FedDyn's models, SCAFFOLD's control-delta) was divided by the exact
+    w_i = n_i / n_max, then multiplied by w_i on the codec's grid: a small client's entered the sum scaled by
+    rint(w_i 2^f) / (w_i 2^f) (measured: off by 5.5e-4, bound 7.6e-6)."""
+    from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+
+    from client.secagg import encode_reply
+    from common.secagg import SecAggClient, SecAggServer
+
+    RUN = 0x1234
+    params = SecAggParams(CodecParams.fit(32, 1024.0, 10), min_survivors=2)  # the README's example: f = 17
+    server = SecAggServer(RUN, params)
+    clients = {i: SecAggClient(RUN, i, params) for i in (11, 22)}
+    for c in clients.values():
+        server.enroll(c.enroll_request())
+    directory = server.directory()
+    for c in clients.values():
+        c.on_directory(directory)
+
+    n = {11: 1000, 22: 5}  # unequal partitions; weight scale = n_max
+    global_model = np.zeros(4, np.float32)
+    models = {11: np.full(4, 0.5, np.float32), 22: np.full(4, 1.0, np.float32)}
+    instruction = RecordDict({"arrays": ArrayRecord({"w": Array(global_model)})})
+    ann = server.start_round(1, sorted(clients))
+    for i, c in clients.items():
+        reply = RecordDict({"arrays": ArrayRecord({"w": Array(models[i])}),
+                            "metrics": MetricRecord({"num-examples": n[i]})})
+        vector, w, metrics, layout = encode_reply(reply, instruction, {"arrays"}, float(max(n.values())), params.codec.scale)
+        server.receive(c.masked_update(1, ann.selected, vector, w, metrics, layout=layout))
+    result = server.result()
+    decoded = np.asarray(result.weighted_sum[:4], np.float64)  # sum_i u_i of the unit-weight record
+    exact = sum(models[i].astype(np.float64) - global_model for i in clients)
+    error = float(np.max(np.abs(decoded - exact)))
+    bound = params.codec.sum_error_bound(2)
+    assert error <= bound, f"unit-weight sum off by {error:.3g} (bound {bound:.3g}): decoded {decoded}, exact {exact}"

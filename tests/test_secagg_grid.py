@@ -378,8 +378,8 @@ def test_a_survivor_claiming_more_examples_than_it_enrolled_with_leaves_the_mode
     honest = client_secagg.encode_reply
     claimed = []
 
-    def inflated(reply, instruction, unit_records, weight_scale):
-        vector, w, metrics, layout = honest(reply, instruction, unit_records, weight_scale)
+    def inflated(reply, instruction, unit_records, weight_scale, codec_scale):
+        vector, w, metrics, layout = honest(reply, instruction, unit_records, weight_scale, codec_scale)
         if not claimed:  # the first node to encode, once
             claimed.append(w)
             scale = 3.0  # within the codec's clip bound, which would refuse 100x
@@ -403,8 +403,8 @@ def test_a_round_whose_decoded_sum_is_unusable_counts_every_reply_failed(tmp_pat
 
     honest = client_secagg.encode_reply
 
-    def inflated_in_round_1(reply, instruction, unit_records, weight_scale):
-        vector, w, metrics, layout = honest(reply, instruction, unit_records, weight_scale)
+    def inflated_in_round_1(reply, instruction, unit_records, weight_scale, codec_scale):
+        vector, w, metrics, layout = honest(reply, instruction, unit_records, weight_scale, codec_scale)
         if int(instruction["config"]["server-round"]) == 1:
             return vector * 3.0, w * 3.0, metrics, layout
         return vector, w, metrics, layout
